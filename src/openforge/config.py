@@ -1,0 +1,176 @@
+"""Run and train configuration: pydantic models loaded from YAML or TOML, overridable from the CLI.
+
+Precedence, lowest first: the embedded defaults below, the config file (`--config FILE`),
+`--set key.path=value` overrides, explicit CLI flags (`--harness codex`).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from openforge.errors import OpenforgeError
+from openforge.types import SamplingParams
+
+
+T = TypeVar("T", bound=BaseModel)
+
+
+class ConfigError(OpenforgeError):
+    """A config file or override that does not validate."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineConfig(_Strict):
+    """Where the policy's tokens come from."""
+
+    name: str = "local"
+    # A model directory, or "tiny" for the untrained tiny Qwen3 built offline on first use.
+    model: str = "tiny"
+    # The renderer config name (renderers' typed config), e.g. "qwen3"; "auto" detects.
+    renderer: str = "auto"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class GatewayConfig(_Strict):
+    """The recording gateway."""
+
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: pick a free port
+    admin_key: str | None = None  # None: a random key per process
+    max_body_bytes: int = 32 * 1024 * 1024
+    keepalive_s: float = 5.0
+    # Name the harness uses for the policy model (served from /v1/models).
+    served_model_name: str = "policy"
+
+
+class RunConfig(_Strict):
+    """`openforge run`: tasks x k attempts through a harness, scored by a reward."""
+
+    harness: str = "mini"
+    harness_options: dict[str, Any] = Field(default_factory=dict)
+    environment: str = "demo"
+    environment_options: dict[str, Any] = Field(default_factory=dict)
+    split: str | None = None
+    tasks: list[str] = Field(default_factory=list)  # only these task ids (empty: all)
+    limit: int | None = None  # at most this many tasks
+    reward: str = "checker"
+    reward_options: dict[str, Any] = Field(default_factory=dict)
+    executor: str = "local"
+    executor_options: dict[str, Any] = Field(default_factory=dict)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    k: int = Field(default=1, ge=1)  # attempts per task
+    concurrency: int = Field(default=4, ge=1)
+    timeout_s: float = Field(default=300.0, gt=0)  # per rollout
+    max_infra_retries: int = Field(default=2, ge=0)
+    runs_dir: Path = Path("runs")
+    run_id: str | None = None
+
+
+class TrainConfig(_Strict):
+    """`openforge train`: the trainer backend and its knobs."""
+
+    backend: str = "local"
+    run: RunConfig = Field(default_factory=RunConfig)
+    algorithm: str = "grpo"  # grpo | sft
+    steps: int = 10
+    learning_rate: float = 1e-5
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Parse a YAML (.yaml/.yml) or TOML (.toml) file into a dict."""
+    if not path.exists():
+        raise ConfigError(f"{path}: no such config file")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml", ".json"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"{path}: unknown config format; use .yaml, .yml or .toml")
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {first}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of settings")
+    return data
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply one `key.path=value` override in place; the value is parsed as YAML."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment!r}: expected key=value, e.g. --set engine.name=scripted")
+    key, raw = assignment.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"--set {assignment!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    apply_override_value(data, ".".join(parts), value)
+
+
+def _format_errors(source: str, exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        problems.append(f"{source}: {where}: {err['msg']}")
+    return "; ".join(problems)
+
+
+def build_config(
+    model: type[T],
+    path: Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    flags: dict[str, Any] | None = None,
+) -> T:
+    """Validate defaults + file + `--set` overrides + explicit flags into `model`.
+
+    `flags` maps dotted keys to values; None values (flags not given) are ignored.
+    """
+    data: dict[str, Any] = read_config_file(path) if path else {}
+    source = str(path) if path else "config"
+    for assignment in overrides:
+        apply_override(data, assignment)
+    for key, value in (flags or {}).items():
+        if value is not None:
+            apply_override_value(data, key, value)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(source, exc)) from None
+
+
+def apply_override_value(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set an already-typed value at a dotted key."""
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def load_run_config(path: Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                    flags: dict[str, Any] | None = None) -> RunConfig:
+    return build_config(RunConfig, path, overrides, flags)
+
+
+def load_train_config(path: Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                      flags: dict[str, Any] | None = None) -> TrainConfig:
+    return build_config(TrainConfig, path, overrides, flags)

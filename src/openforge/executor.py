@@ -1,0 +1,27 @@
+"""The Executor plugin kind: runs one rollout in isolation."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from openforge.types import RolloutResult, RolloutSpec
+
+
+class Executor(ABC):
+    """Base class of executor plugins.
+
+    `run` must enforce `spec.timeout_s` as a hard limit, leave no process or resource
+    behind (after a timeout, a cancellation or a crash), and report infrastructure failures
+    as `infra_error` / `timeout` results rather than raising.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+
+    @abstractmethod
+    async def run(self, spec: RolloutSpec) -> RolloutResult:
+        """Run one attempt and return its result."""
+
+    async def close(self) -> None:
+        """Release whatever the executor holds (called once at the end of a run)."""

@@ -1,0 +1,1 @@
+"""Engines: where the gateway's tokens come from."""

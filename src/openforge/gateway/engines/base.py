@@ -1,0 +1,75 @@
+"""The Engine plugin kind: prompt token ids in, completion token ids and logprobs out."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, Field
+
+from openforge.errors import OpenforgeError
+from openforge.gateway.conversation import ChatRequest, Completion
+from openforge.types import SamplingParams
+
+
+class EngineError(Exception):
+    """The engine is down or failed; the gateway answers 502/503 and records a failed call."""
+
+    def __init__(self, message: str, status_code: int = 502):
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class EngineConfigError(OpenforgeError):
+    """The engine cannot be built from the given options (missing file, bad URL...)."""
+
+
+class GenerateRequest(BaseModel):
+    """One generation. `chat` is the parsed request, for text-only engines and scripts."""
+
+    prompt_ids: list[int]
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    session_id: str = ""
+    request_id: str = ""
+    chat: ChatRequest | None = None
+
+
+class GenerateResult(BaseModel):
+    """What the engine produced: exactly one logprob per completion id.
+
+    Text-only engines (`exact_tokens = False`) also return `completion` (the parsed answer);
+    their ids are the gateway's tokenization of that text.
+    """
+
+    completion_ids: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+    finish_reason: Literal["stop", "length"] = "stop"
+    weight_version: str | None = None
+    completion: Completion | None = None
+
+
+class Engine(ABC):
+    """Base class of engine plugins.
+
+    The factory is called as `factory(model=ModelBundle, **options)`; `model` holds the
+    tokenizer and renderer the gateway uses for this policy, so engines that need to
+    tokenize (scripted, litellm) tokenize exactly as the gateway does.
+    """
+
+    exact_tokens: ClassVar[bool] = True
+
+    def __init__(self, model: Any = None, **options: Any) -> None:
+        self.model = model
+        self.options = options
+
+    @abstractmethod
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Generate a completion. Raise `EngineError` when the engine is down or failed."""
+
+    async def close(self) -> None:
+        """Release connections, servers, models."""
+
+    @property
+    def weight_version(self) -> str | None:
+        return None

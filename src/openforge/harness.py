@@ -1,0 +1,95 @@
+"""The Harness plugin kind: how to run one agent program headlessly on one task."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, Field
+
+from openforge.errors import OpenforgeError
+from openforge.types import Task
+
+WireAPI = Literal["chat", "responses", "messages"]
+
+
+class HarnessMissingError(OpenforgeError):
+    """The harness program is not installed; the message says how to install it."""
+
+
+class HarnessContext(BaseModel):
+    """Where one rollout's harness runs and which endpoint it talks to.
+
+    `home` is an isolated HOME created for this rollout (the harness writes its config
+    there, never into the user's real HOME); `workspace` is the task's working directory;
+    `base_url` is the session URL ending in `/v1` and `api_key` the session token.
+    """
+
+    task: Task
+    workspace: Path
+    home: Path
+    base_url: str
+    api_key: str
+    model: str = "policy"
+    timeout_s: float = 300.0
+
+
+class Command(BaseModel):
+    """A process to start: argv, extra environment variables, working directory."""
+
+    argv: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: Path | None = None
+    stdin: str | None = None
+
+
+class ProcessOutput(BaseModel):
+    returncode: int | None
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+
+class HarnessOutput(BaseModel):
+    """The harness's own account of how it ended.
+
+    `status`: `completed` (ran to its end), `failed` (the program reported an error of its
+    own), `crashed` (died without a proper end: an infrastructure failure), `timeout`.
+    """
+
+    status: Literal["completed", "failed", "crashed", "timeout"]
+    final_answer: str | None = None
+    transcript: Any = None
+    error: str | None = None
+
+
+class Harness(ABC):
+    """Base class of harness plugins. Subclasses set `wire_api` and implement `command`."""
+
+    wire_api: ClassVar[WireAPI] = "chat"
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+
+    def check(self) -> None:
+        """Raise `HarnessMissingError` (saying how to install it) when the program is missing."""
+
+    def prepare(self, ctx: HarnessContext) -> None:
+        """Write the harness's configuration into `ctx.home` (default: nothing to write)."""
+
+    @abstractmethod
+    def command(self, ctx: HarnessContext) -> Command:
+        """The command line and environment that run the harness on `ctx.task`."""
+
+    def parse_output(self, ctx: HarnessContext, proc: ProcessOutput) -> HarnessOutput:
+        """Turn the finished process into a `HarnessOutput` (default: by exit code)."""
+        if proc.timed_out:
+            return HarnessOutput(status="timeout", error="harness timed out")
+        if proc.returncode == 0:
+            lines = proc.stdout.strip().splitlines()
+            return HarnessOutput(status="completed", final_answer=lines[-1] if lines else None)
+        if proc.returncode is not None and proc.returncode < 0:
+            return HarnessOutput(status="crashed", error=f"killed by signal {-proc.returncode}")
+        return HarnessOutput(status="failed", error=(proc.stderr or proc.stdout)[-2000:])

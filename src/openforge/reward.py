@@ -1,0 +1,28 @@
+"""The Reward plugin kind: scores a finished rollout."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+from openforge.environment import Environment
+from openforge.types import Call, RewardResult, Task
+
+
+class Reward(ABC):
+    """Base class of reward plugins."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+
+    @abstractmethod
+    def score(
+        self,
+        task: Task,
+        environment: Environment,
+        workspace: Path,
+        final_state: dict[str, Any],
+        calls: list[Call] | None = None,
+    ) -> RewardResult:
+        """Score one finished rollout. `calls` is the recorded trajectory when available."""
