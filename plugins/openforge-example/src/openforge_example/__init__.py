@@ -1,0 +1,1 @@
+"""An example openforge plugin: a one-shot harness, an arithmetic environment, a reward."""

@@ -1,0 +1,505 @@
+"""The durable trace store: sessions, recorded calls and rollout results in SQLite.
+
+One small interface (`Store`) so that a networked database can take its place later.
+
+Storage choices:
+
+- WAL journal mode, so readers (exports, reports, the admin API) never block the gateway's
+  writes, and `synchronous=NORMAL`: in WAL mode a committed transaction survives a crash or
+  `kill -9` of the process; only an OS crash or power loss may roll back the last few
+  commits (the database itself stays consistent).
+- One SQLite connection per thread (SQLite connections must not be shared between threads
+  mid-transaction) and a `busy_timeout`, so several threads and several processes can write
+  to the same file; writes take the write lock up front (`BEGIN IMMEDIATE`) so two writers
+  never deadlock upgrading a read lock.
+- Token ids are little-endian int32 blobs, logprobs little-endian float32 blobs (4 bytes per
+  token each instead of ~6 as JSON text). Raw requests/responses are JSON text, zlib-compressed
+  when larger than `COMPRESS_OVER` bytes (a column holds TEXT or a compressed BLOB; the type
+  tells which).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+import threading
+import time
+import zlib
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from openforge.errors import OpenforgeError
+from openforge.types import Call, RolloutResult, SamplingParams, Session
+
+SCHEMA_VERSION = 1
+COMPRESS_OVER = 4096  # bytes of JSON text above which request/response are zlib-compressed
+BUSY_TIMEOUT_MS = 30_000
+_ITER_BATCH = 256  # rows fetched at a time by iter_calls
+
+_SWAP = sys.byteorder != "little"  # blobs are little-endian whatever the host is
+
+
+class StoreError(OpenforgeError):
+    """The store file cannot be used (newer schema, not a database, unknown session)."""
+
+
+class DuplicateCallError(StoreError):
+    """A call with this id is already recorded."""
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    token TEXT NOT NULL UNIQUE,
+    run_id TEXT NOT NULL DEFAULT '',
+    rollout_id TEXT NOT NULL DEFAULT '',
+    task_id TEXT NOT NULL DEFAULT '',
+    model TEXT NOT NULL DEFAULT '',
+    sampling TEXT NOT NULL DEFAULT '{}',
+    weight_version TEXT,
+    status TEXT NOT NULL DEFAULT 'open',
+    reward REAL,
+    reward_details TEXT,
+    created_at REAL NOT NULL,
+    closed_at REAL,
+    metadata TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS sessions_run ON sessions (run_id, created_at);
+CREATE TABLE IF NOT EXISTS calls (
+    id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    branch INTEGER NOT NULL DEFAULT 0,
+    branch_reason TEXT,
+    dialect TEXT NOT NULL,
+    request BLOB,
+    response BLOB,
+    prompt_ids BLOB NOT NULL,
+    completion_ids BLOB NOT NULL,
+    logprobs BLOB NOT NULL,
+    finish_reason TEXT,
+    sampling TEXT NOT NULL DEFAULT '{}',
+    weight_version TEXT,
+    exact_tokens INTEGER NOT NULL DEFAULT 1,
+    status TEXT NOT NULL DEFAULT 'ok',
+    error TEXT,
+    body_digest TEXT NOT NULL DEFAULT '',
+    retry_count INTEGER NOT NULL DEFAULT 0,
+    images TEXT NOT NULL DEFAULT '[]',
+    started_at REAL NOT NULL DEFAULT 0,
+    finished_at REAL NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, idx);
+CREATE TABLE IF NOT EXISTS results (
+    session_id TEXT PRIMARY KEY,
+    data TEXT NOT NULL,
+    updated_at REAL NOT NULL
+);
+"""
+
+_CALL_COLUMNS = (
+    "id, session_id, idx, branch, branch_reason, dialect, request, response, prompt_ids, "
+    "completion_ids, logprobs, finish_reason, sampling, weight_version, exact_tokens, status, "
+    "error, body_digest, retry_count, images, started_at, finished_at"
+)
+_SESSION_COLUMNS = (
+    "id, token, run_id, rollout_id, task_id, model, sampling, weight_version, status, reward, "
+    "created_at, closed_at, metadata"
+)
+
+
+def ids_to_blob(ids: list[int]) -> bytes:
+    """Token ids as a little-endian int32 blob."""
+    arr = array("i", ids)
+    if _SWAP:
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def blob_to_ids(blob: bytes) -> list[int]:
+    """The inverse of `ids_to_blob`."""
+    arr = array("i")
+    arr.frombytes(blob)
+    if _SWAP:
+        arr.byteswap()
+    return arr.tolist()
+
+
+def floats_to_blob(values: list[float]) -> bytes:
+    """Logprobs as a little-endian float32 blob."""
+    arr = array("f", values)
+    if _SWAP:
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def blob_to_floats(blob: bytes) -> list[float]:
+    """The inverse of `floats_to_blob` (values come back rounded to float32)."""
+    arr = array("f")
+    arr.frombytes(blob)
+    if _SWAP:
+        arr.byteswap()
+    return arr.tolist()
+
+
+def _pack_json(value: Any) -> str | bytes | None:
+    if value is None:
+        return None
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    if len(text) > COMPRESS_OVER:
+        return zlib.compress(text.encode("utf-8"), 6)
+    return text
+
+
+def _unpack_json(value: str | bytes | None) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = zlib.decompress(value).decode("utf-8")
+    return json.loads(value)
+
+
+def _row_to_call(row: sqlite3.Row | tuple[Any, ...]) -> Call:
+    (cid, session_id, idx, branch, branch_reason, dialect, request, response, prompt_ids,
+     completion_ids, logprobs, finish_reason, sampling, weight_version, exact_tokens, status,
+     error, body_digest, retry_count, images, started_at, finished_at) = row
+    # model_construct: the row was validated when it was written; re-validating every token
+    # list on read would dominate export time.
+    return Call.model_construct(
+        id=cid, session_id=session_id, index=idx, branch=branch, branch_reason=branch_reason,
+        dialect=dialect, request=_unpack_json(request) or {}, response=_unpack_json(response),
+        prompt_ids=blob_to_ids(prompt_ids), completion_ids=blob_to_ids(completion_ids),
+        logprobs=blob_to_floats(logprobs), finish_reason=finish_reason,
+        sampling=json.loads(sampling), weight_version=weight_version,
+        exact_tokens=bool(exact_tokens), status=status, error=error, body_digest=body_digest,
+        retry_count=retry_count, images=json.loads(images), started_at=started_at,
+        finished_at=finished_at,
+    )
+
+
+def _row_to_session(row: sqlite3.Row | tuple[Any, ...]) -> Session:
+    (sid, token, run_id, rollout_id, task_id, model, sampling, weight_version, status, reward,
+     created_at, closed_at, metadata) = row
+    return Session(
+        id=sid, token=token, run_id=run_id, rollout_id=rollout_id, task_id=task_id, model=model,
+        sampling=SamplingParams.model_validate_json(sampling), weight_version=weight_version,
+        status=status, reward=reward, created_at=created_at, closed_at=closed_at,
+        metadata=json.loads(metadata),
+    )
+
+
+class Store:
+    """Sessions, calls and results in one SQLite file; safe across threads and processes.
+
+    Every write method commits before it returns.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if self.path.is_dir():
+            raise StoreError(f"{self.path} is a directory; give the path of a .sqlite file")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._connections_lock = threading.Lock()
+        self._closed = False
+        self._init_schema()
+
+    # -- connections -------------------------------------------------------------------
+
+    def _open_connection(self) -> sqlite3.Connection:
+        # isolation_level=None: we issue BEGIN IMMEDIATE / COMMIT ourselves.
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                               timeout=BUSY_TIMEOUT_MS / 1000)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise StoreError(f"{self.path} is not an openforge store ({exc})") from None
+        with self._connections_lock:
+            self._connections.append(conn)
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._closed:
+            raise StoreError(f"store {self.path} is closed")
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._open_connection()
+            self._local.conn = conn
+        return conn
+
+    def _write(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> sqlite3.Cursor:
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            cur = conn.execute(sql, params)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return cur
+
+    def _init_schema(self) -> None:
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path} is not an openforge store ({exc})") from None
+        try:
+            found = conn.execute(
+                "SELECT name FROM sqlite_master WHERE type='table' AND name='schema_version'"
+            ).fetchone()
+            version = None
+            if found:
+                row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+                version = row[0] if row else None
+            if version is not None and version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} was written by a newer openforge (store schema {version}, this "
+                    f"version reads up to {SCHEMA_VERSION}); upgrade openforge to read it")
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            if version is None:
+                conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+        except sqlite3.DatabaseError as exc:
+            conn.execute("ROLLBACK")
+            raise StoreError(f"{self.path} is not an openforge store ({exc})") from None
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    @property
+    def schema_version(self) -> int:
+        row = self._conn().execute("SELECT MAX(version) FROM schema_version").fetchone()
+        return int(row[0])
+
+    def close(self) -> None:
+        """Close every connection this store opened (in any thread). Idempotent."""
+        self._closed = True
+        with self._connections_lock:
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- sessions ----------------------------------------------------------------------
+
+    def create_session(self, session: Session) -> Session:
+        """Record a new session; its id and token must be unique."""
+        try:
+            self._write(
+                f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES "
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (session.id, session.token, session.run_id, session.rollout_id, session.task_id,
+                 session.model, session.sampling.model_dump_json(), session.weight_version,
+                 session.status, session.reward, session.created_at, session.closed_at,
+                 json.dumps(session.metadata)),
+            )
+        except sqlite3.IntegrityError:
+            raise StoreError(f"session {session.id!r} (or its token) already exists") from None
+        return session
+
+    def get_session(self, session_id: str) -> Session | None:
+        row = self._conn().execute(
+            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        return _row_to_session(row) if row else None
+
+    def get_session_by_token(self, token: str) -> Session | None:
+        row = self._conn().execute(
+            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE token = ?", (token,)).fetchone()
+        return _row_to_session(row) if row else None
+
+    def list_sessions(self, run_id: str | None = None) -> list[Session]:
+        """Sessions in creation order, all or those of one run."""
+        if run_id is None:
+            rows = self._conn().execute(
+                f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY created_at, id").fetchall()
+        else:
+            rows = self._conn().execute(
+                f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE run_id = ? ORDER BY created_at, id",
+                (run_id,)).fetchall()
+        return [_row_to_session(r) for r in rows]
+
+    def close_session(self, session_id: str, closed_at: float | None = None) -> None:
+        """Mark a session closed (idempotent: the first close time is kept)."""
+        cur = self._write(
+            "UPDATE sessions SET status = 'closed', closed_at = COALESCE(closed_at, ?) WHERE id = ?",
+            (closed_at if closed_at is not None else time.time(), session_id))
+        if cur.rowcount == 0:
+            raise StoreError(f"no session {session_id!r}")
+
+    def set_reward(self, session_id: str, reward: float, details: dict[str, Any] | None = None) -> None:
+        """Set (or replace) a session's reward and the reward's details."""
+        cur = self._write(
+            "UPDATE sessions SET reward = ?, reward_details = ? WHERE id = ?",
+            (float(reward), json.dumps(details) if details is not None else None, session_id))
+        if cur.rowcount == 0:
+            raise StoreError(f"no session {session_id!r}")
+
+    def get_reward_details(self, session_id: str) -> dict[str, Any] | None:
+        row = self._conn().execute(
+            "SELECT reward_details FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        return json.loads(row[0]) if row and row[0] else None
+
+    def update_session_metadata(self, session_id: str, metadata: dict[str, Any]) -> None:
+        """Merge keys into a session's metadata (read-modify-write under the write lock)."""
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            row = conn.execute("SELECT metadata FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            if row is None:
+                raise StoreError(f"no session {session_id!r}")
+            merged = {**json.loads(row[0]), **metadata}
+            conn.execute("UPDATE sessions SET metadata = ? WHERE id = ?",
+                         (json.dumps(merged), session_id))
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    # -- calls -------------------------------------------------------------------------
+
+    @staticmethod
+    def _call_params(call: Call) -> tuple[Any, ...]:
+        return (
+            call.id, call.session_id, call.index, call.branch, call.branch_reason, call.dialect,
+            _pack_json(call.request), _pack_json(call.response), ids_to_blob(call.prompt_ids),
+            ids_to_blob(call.completion_ids), floats_to_blob(call.logprobs), call.finish_reason,
+            json.dumps(call.sampling), call.weight_version, int(call.exact_tokens), call.status,
+            call.error, call.body_digest, call.retry_count, json.dumps(call.images),
+            call.started_at, call.finished_at,
+        )
+
+    def add_call(self, call: Call, assign_index: bool = False) -> Call:
+        """Record one call in its own transaction, committed when this returns.
+
+        With `assign_index`, the call's index is set to the session's next index inside the
+        same transaction (no race between concurrent calls of one session); the call as
+        stored is returned. A duplicate call id raises `DuplicateCallError`.
+        """
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if assign_index:
+                row = conn.execute("SELECT COALESCE(MAX(idx) + 1, 0) FROM calls WHERE session_id = ?",
+                                   (call.session_id,)).fetchone()
+                call = call.model_copy(update={"index": int(row[0])})
+            conn.execute(f"INSERT INTO calls ({_CALL_COLUMNS}) VALUES "
+                         f"({', '.join('?' * 22)})", self._call_params(call))
+        except sqlite3.IntegrityError:
+            conn.execute("ROLLBACK")
+            raise DuplicateCallError(f"call {call.id!r} is already recorded") from None
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return call
+
+    def get_call(self, call_id: str) -> Call | None:
+        row = self._conn().execute(
+            f"SELECT {_CALL_COLUMNS} FROM calls WHERE id = ?", (call_id,)).fetchone()
+        return _row_to_call(row) if row else None
+
+    def list_calls(self, session_id: str) -> list[Call]:
+        """A session's calls ordered by index."""
+        rows = self._conn().execute(
+            f"SELECT {_CALL_COLUMNS} FROM calls WHERE session_id = ? ORDER BY idx, started_at, id",
+            (session_id,)).fetchall()
+        return [_row_to_call(r) for r in rows]
+
+    @staticmethod
+    def _call_filter(run_id: str | None, session_id: str | None,
+                     status: str | None) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        if run_id is not None:
+            clauses.append("session_id IN (SELECT id FROM sessions WHERE run_id = ?)")
+            params.append(run_id)
+        if session_id is not None:
+            clauses.append("session_id = ?")
+            params.append(session_id)
+        if status is not None:
+            clauses.append("status = ?")
+            params.append(status)
+        return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+    def iter_calls(self, run_id: str | None = None, session_id: str | None = None,
+                   status: str | None = None) -> Iterator[Call]:
+        """Stream calls ordered by (session id, index), a batch of rows at a time.
+
+        Calls of one session are contiguous, so a consumer can group them by session in
+        bounded memory. Uses its own connection: a long export does not hold this thread's
+        connection, and WAL lets writers continue meanwhile (the export sees a snapshot).
+        """
+        where, params = self._call_filter(run_id, session_id, status)
+        conn = sqlite3.connect(self.path, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            cur = conn.execute(
+                f"SELECT {_CALL_COLUMNS} FROM calls{where} ORDER BY session_id, idx, started_at, id",
+                params)
+            while True:
+                rows = cur.fetchmany(_ITER_BATCH)
+                if not rows:
+                    break
+                for row in rows:
+                    yield _row_to_call(row)
+        finally:
+            conn.close()
+
+    def count_calls(self, run_id: str | None = None, session_id: str | None = None,
+                    status: str | None = None) -> int:
+        where, params = self._call_filter(run_id, session_id, status)
+        row = self._conn().execute(f"SELECT COUNT(*) FROM calls{where}", params).fetchone()
+        return int(row[0])
+
+    def next_call_index(self, session_id: str) -> int:
+        """One past the highest recorded index of the session (0 when it has none)."""
+        row = self._conn().execute(
+            "SELECT COALESCE(MAX(idx) + 1, 0) FROM calls WHERE session_id = ?",
+            (session_id,)).fetchone()
+        return int(row[0])
+
+    # -- results -----------------------------------------------------------------------
+
+    def save_result(self, session_id: str, result: RolloutResult) -> None:
+        """Store (or replace) the result of a session's rollout."""
+        self._write(
+            "INSERT INTO results (session_id, data, updated_at) VALUES (?, ?, ?) "
+            "ON CONFLICT(session_id) DO UPDATE SET data = excluded.data, "
+            "updated_at = excluded.updated_at",
+            (session_id, result.model_dump_json(), time.time()))
+
+    def get_result(self, session_id: str) -> RolloutResult | None:
+        row = self._conn().execute(
+            "SELECT data FROM results WHERE session_id = ?", (session_id,)).fetchone()
+        return RolloutResult.model_validate_json(row[0]) if row else None
+
+    def list_results(self, run_id: str | None = None) -> list[tuple[Session, RolloutResult]]:
+        """(session, result) pairs in session creation order, all or those of one run."""
+        cols = ", ".join(f"s.{c.strip()}" for c in _SESSION_COLUMNS.split(","))
+        sql = f"SELECT {cols}, r.data FROM sessions s JOIN results r ON r.session_id = s.id"
+        params: tuple[Any, ...] = ()
+        if run_id is not None:
+            sql += " WHERE s.run_id = ?"
+            params = (run_id,)
+        rows = self._conn().execute(sql + " ORDER BY s.created_at, s.id", params).fetchall()
+        return [(_row_to_session(r[:-1]), RolloutResult.model_validate_json(r[-1])) for r in rows]

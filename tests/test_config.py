@@ -1,0 +1,113 @@
+"""Run/train configuration: YAML and TOML files, --set overrides, flags, clear errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from openforge.config import ConfigError, load_run_config, load_train_config
+
+YAML = """
+harness: codex
+k: 3
+engine:
+  name: vllm
+  options: {url: "http://127.0.0.1:8000"}
+sampling:
+  temperature: 0.7
+"""
+
+TOML = """
+harness = "codex"
+k = 3
+[engine]
+name = "vllm"
+options = { url = "http://127.0.0.1:8000" }
+[sampling]
+temperature = 0.7
+"""
+
+
+@pytest.mark.parametrize("suffix,text", [(".yaml", YAML), (".toml", TOML)])
+def test_yaml_and_toml_load_the_same_config(tmp_path: Path, suffix: str, text: str) -> None:
+    path = tmp_path / f"run{suffix}"
+    path.write_text(text)
+    config = load_run_config(path)
+    assert config.harness == "codex"
+    assert config.k == 3
+    assert config.engine.name == "vllm"
+    assert config.engine.options == {"url": "http://127.0.0.1:8000"}
+    assert config.sampling.temperature == 0.7
+    assert config.environment == "demo"  # untouched defaults stay
+
+
+def test_defaults_are_the_embedded_main_job() -> None:
+    config = load_run_config()
+    assert (config.harness, config.environment, config.reward, config.executor) == (
+        "mini", "demo", "checker", "local")
+    assert config.engine.name == "local" and config.engine.model == "tiny"
+    assert config.gateway.host == "127.0.0.1"
+
+
+def test_set_overrides_beat_the_file_and_flags_beat_set(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text(YAML)
+    config = load_run_config(path, ["k=5", "engine.options.api=completions", "sampling.top_p=0.9"],
+                             {"k": 7, "harness": None})
+    assert config.k == 7
+    assert config.harness == "codex"  # a flag that was not given changes nothing
+    assert config.engine.options["api"] == "completions"
+    assert config.sampling.top_p == 0.9
+
+
+def test_wrong_type_reports_file_field_path_and_problem(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('k = 2\n[sampling]\ntemperature = "hot"\n')
+    with pytest.raises(ConfigError) as err:
+        load_run_config(path)
+    message = str(err.value)
+    assert str(path) in message
+    assert "sampling.temperature" in message
+    assert "valid number" in message
+
+
+def test_unknown_field_is_rejected_with_its_path(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("engine:\n  nmae: local\n")
+    with pytest.raises(ConfigError, match=r"engine\.nmae: Extra inputs are not permitted"):
+        load_run_config(path)
+
+
+def test_malformed_files_and_overrides_are_one_line_errors(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("k: [1,\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_run_config(path)
+    with pytest.raises(ConfigError, match="expected key=value"):
+        load_run_config(None, ["k"])
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_run_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="unknown config format"):
+        (tmp_path / "x.ini").write_text("")
+        load_run_config(tmp_path / "x.ini")
+
+
+def test_train_config_nests_a_run_config(tmp_path: Path) -> None:
+    path = tmp_path / "train.yaml"
+    path.write_text("backend: local\nsteps: 3\nrun:\n  k: 4\n")
+    config = load_train_config(path, ["run.harness=codex"])
+    assert config.steps == 3 and config.run.k == 4 and config.run.harness == "codex"
+
+
+def test_cli_prints_one_line_for_a_bad_config(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("k: many\n")
+    out = subprocess.run([sys.executable, "-m", "openforge.cli", "run", "--config", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"error: {path}: k: ")

@@ -1,0 +1,129 @@
+"""Plugin discovery through real installed distributions and real entry points.
+
+Each test installs distributions with pip into a private target folder and runs the real
+`openforge` CLI in a subprocess with that folder on PYTHONPATH: importlib.metadata then
+finds their dist-info and entry points exactly as it would in site-packages. Removing the
+folder from the path is the uninstall.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "plugins" / "openforge-example"
+
+
+def pip_install(target: Path, *projects: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--target", str(target), *map(str, projects)],
+        check=True, capture_output=True,
+    )
+
+
+def openforge(*args: str, path: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(path), env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "openforge.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+def make_distribution(root: Path, dist: str, module: str, body: str) -> Path:
+    """Write a one-module plugin distribution declaring the `openforge` entry point."""
+    project = root / dist
+    (project / module).mkdir(parents=True)
+    (project / "pyproject.toml").write_text(textwrap.dedent(f"""
+        [build-system]
+        requires = ["setuptools>=68"]
+        build-backend = "setuptools.build_meta"
+        [project]
+        name = "{dist}"
+        version = "1.2.3"
+        [project.entry-points.openforge]
+        {module} = "{module}.plugin"
+        [tool.setuptools]
+        packages = ["{module}"]
+    """))
+    (project / module / "__init__.py").write_text("")
+    (project / module / "plugin.py").write_text(textwrap.dedent(body))
+    return project
+
+
+HARNESS_PLUGIN = """
+    from openforge.hookspecs import hookimpl
+    from openforge.harness import Command, Harness
+
+    class Dup(Harness):
+        '''A harness named dup.'''
+        def command(self, ctx):
+            return Command(argv=["true"])
+
+    @hookimpl
+    def register_harnesses(register):
+        register("dup", Dup)
+"""
+
+
+@pytest.fixture(scope="module")
+def example_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    target = tmp_path_factory.mktemp("site")
+    pip_install(target, EXAMPLE)
+    return target
+
+
+def test_builtin_plugins_come_from_openforge_distribution() -> None:
+    out = openforge("plugins")
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines()]
+    assert ["harness", "mini", "openforge"] in [row[:3] for row in rows]
+    assert ["executor", "local", "openforge"] in [row[:3] for row in rows]
+
+
+def test_installed_example_plugin_is_listed_and_uninstall_removes_it(example_target: Path) -> None:
+    installed = openforge("plugins", path=example_target)
+    assert installed.returncode == 0, installed.stderr
+    lines = installed.stdout.splitlines()
+    one_shot = [line for line in lines if " one-shot " in line]
+    assert one_shot and "openforge-example" in one_shot[0] and "0.1.0" in one_shot[0]
+    assert any(" arithmetic " in line for line in lines)
+    assert any(" exact-answer " in line for line in lines)
+
+    uninstalled = openforge("plugins")
+    assert " one-shot " not in uninstalled.stdout
+
+
+def test_unknown_plugin_name_lists_installed_choices(example_target: Path) -> None:
+    out = openforge("run", "--harness", "codx", path=example_target)
+    assert out.returncode == 2
+    assert out.stderr.strip() == "error: unknown harness 'codx'; installed: mini, one-shot"
+
+
+def test_two_plugins_with_one_name_is_a_clear_error(tmp_path: Path) -> None:
+    first = make_distribution(tmp_path, "dup-one", "dup_one", HARNESS_PLUGIN)
+    second = make_distribution(tmp_path, "dup-two", "dup_two", HARNESS_PLUGIN)
+    target = tmp_path / "site"
+    pip_install(target, first, second)
+    out = openforge("plugins", path=target)
+    assert out.returncode == 2
+    assert "harness 'dup' is registered by both" in out.stderr
+    assert "dup-one" in out.stderr and "dup-two" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_plugin_that_fails_to_import_is_skipped_with_a_warning(tmp_path: Path) -> None:
+    broken = make_distribution(tmp_path, "broken-plugin", "broken_plugin",
+                               "import a_module_that_does_not_exist\n")
+    target = tmp_path / "site"
+    pip_install(target, broken)
+    out = openforge("plugins", path=target)
+    assert out.returncode == 0
+    assert "broken-plugin" in out.stderr and "failed to import" in out.stderr
+    assert " mini " in out.stdout  # the rest still works

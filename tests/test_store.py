@@ -1,0 +1,273 @@
+"""The SQLite trace store: round trips, durability, concurrency, schema versioning."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from openforge.store import (
+    COMPRESS_OVER,
+    SCHEMA_VERSION,
+    DuplicateCallError,
+    Store,
+    StoreError,
+    blob_to_floats,
+    blob_to_ids,
+    floats_to_blob,
+    ids_to_blob,
+)
+from openforge.types import Call, RewardResult, RolloutResult, SamplingParams, Session
+
+
+def make_session(sid: str = "s1", run_id: str = "run", created_at: float = 1.0) -> Session:
+    return Session(id=sid, token=f"tok-{sid}", run_id=run_id, rollout_id=f"r-{sid}",
+                   task_id="t1", model="policy", sampling=SamplingParams(temperature=0.7),
+                   weight_version="w1", created_at=created_at, metadata={"prompt": "hi"})
+
+
+def make_call(cid: str, session_id: str = "s1", index: int = 0, n: int = 5) -> Call:
+    return Call(
+        id=cid, session_id=session_id, index=index, dialect="messages",
+        request={"messages": [{"role": "user", "content": "hello"}]},
+        response={"content": [{"type": "text", "text": "hi"}]},
+        prompt_ids=list(range(100, 100 + n)), completion_ids=[7, 8, 2**31 - 1, 0],
+        logprobs=[-0.5, -0.25, 0.0, -1.0], finish_reason="stop", sampling={"temperature": 0.7},
+        weight_version="w1", body_digest="abc", retry_count=1, images=["img://1"],
+        started_at=10.0, finished_at=11.0,
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    s = Store(tmp_path / "store.sqlite")
+    yield s
+    s.close()
+
+
+def test_blob_codecs_are_little_endian_and_exact() -> None:
+    ids = [0, 1, -1, 2**31 - 1, -(2**31), 151643]
+    blob = ids_to_blob(ids)
+    assert len(blob) == 4 * len(ids)
+    assert blob[:8] == bytes([0, 0, 0, 0, 1, 0, 0, 0])
+    assert blob_to_ids(blob) == ids
+    assert blob_to_floats(floats_to_blob([-0.5, 0.0, -1.25])) == [-0.5, 0.0, -1.25]
+
+
+def test_sessions_round_trip_and_lookup_by_token(store: Store) -> None:
+    session = make_session()
+    store.create_session(session)
+    assert store.get_session("s1") == session
+    assert store.get_session_by_token("tok-s1") == session
+    assert store.get_session("nope") is None
+    assert store.get_session_by_token("nope") is None
+    with pytest.raises(StoreError, match="already exists"):
+        store.create_session(session)
+
+
+def test_close_session_and_reward(store: Store) -> None:
+    store.create_session(make_session())
+    store.close_session("s1", closed_at=5.0)
+    store.close_session("s1", closed_at=9.0)  # idempotent: first close time kept
+    store.set_reward("s1", 0.75, {"checks": 3})
+    got = store.get_session("s1")
+    assert got is not None and got.status == "closed" and got.closed_at == 5.0
+    assert got.reward == 0.75
+    assert store.get_reward_details("s1") == {"checks": 3}
+    with pytest.raises(StoreError, match="no session"):
+        store.set_reward("missing", 1.0)
+    with pytest.raises(StoreError, match="no session"):
+        store.close_session("missing")
+
+
+def test_list_sessions_by_run_in_creation_order(store: Store) -> None:
+    store.create_session(make_session("b", "run1", created_at=2.0))
+    store.create_session(make_session("a", "run1", created_at=3.0))
+    store.create_session(make_session("c", "run2", created_at=1.0))
+    assert [s.id for s in store.list_sessions("run1")] == ["b", "a"]
+    assert [s.id for s in store.list_sessions()] == ["c", "b", "a"]
+    assert store.list_sessions("none") == []
+
+
+def test_calls_round_trip_exactly(store: Store) -> None:
+    store.create_session(make_session())
+    call = make_call("c1")
+    store.add_call(call)
+    [got] = store.list_calls("s1")
+    assert got.model_dump() == call.model_dump()
+    assert store.get_call("c1") == got
+
+
+def test_duplicate_call_id_raises_and_keeps_the_first(store: Store) -> None:
+    store.create_session(make_session())
+    store.add_call(make_call("c1", n=3))
+    with pytest.raises(DuplicateCallError):
+        store.add_call(make_call("c1", n=9))
+    [got] = store.list_calls("s1")
+    assert len(got.prompt_ids) == 3
+    # the connection is still usable after the rolled back insert
+    store.add_call(make_call("c2", index=1))
+    assert store.count_calls(session_id="s1") == 2
+
+
+def test_large_request_is_compressed_and_round_trips(store: Store, tmp_path: Path) -> None:
+    store.create_session(make_session())
+    big = {"messages": [{"role": "user", "content": "x" * (COMPRESS_OVER * 4)}]}
+    call = make_call("c1").model_copy(update={"request": big})
+    store.add_call(call)
+    raw = sqlite3.connect(tmp_path / "store.sqlite").execute(
+        "SELECT request, response FROM calls").fetchone()
+    assert isinstance(raw[0], bytes) and len(raw[0]) < COMPRESS_OVER
+    assert isinstance(raw[1], str)  # small: plain JSON text
+    assert store.list_calls("s1")[0].request == big
+
+
+def test_list_calls_ordered_by_index_and_next_index(store: Store) -> None:
+    store.create_session(make_session())
+    assert store.next_call_index("s1") == 0
+    for cid, index in (("x", 2), ("y", 0), ("z", 1)):
+        store.add_call(make_call(cid, index=index))
+    assert [c.id for c in store.list_calls("s1")] == ["y", "z", "x"]
+    assert store.next_call_index("s1") == 3
+    assigned = store.add_call(make_call("w", index=0), assign_index=True)
+    assert assigned.index == 3 and store.get_call("w").index == 3
+
+
+def test_iter_and_count_calls_filter_by_run_and_session(store: Store) -> None:
+    store.create_session(make_session("s1", "run1"))
+    store.create_session(make_session("s2", "run1"))
+    store.create_session(make_session("s3", "run2"))
+    for sid in ("s3", "s2", "s1"):
+        for i in range(3):
+            store.add_call(make_call(f"{sid}-{i}", session_id=sid, index=2 - i))
+    failed = make_call("s1-f", session_id="s1", index=3).model_copy(update={"status": "failed"})
+    store.add_call(failed)
+    ids = [c.id for c in store.iter_calls(run_id="run1")]
+    assert ids == ["s1-2", "s1-1", "s1-0", "s1-f", "s2-2", "s2-1", "s2-0"]
+    assert [c.id for c in store.iter_calls(session_id="s3")] == ["s3-2", "s3-1", "s3-0"]
+    assert store.count_calls() == 10
+    assert store.count_calls(run_id="run1") == 7
+    assert store.count_calls(run_id="run1", status="ok") == 6
+    assert store.count_calls(session_id="s2") == 3
+    assert sum(1 for _ in store.iter_calls()) == 10
+
+
+def test_iter_calls_streams_past_one_batch_while_writing(store: Store) -> None:
+    store.create_session(make_session())
+    for i in range(600):
+        store.add_call(make_call(f"c{i:04d}", index=i))
+    seen = 0
+    for call in store.iter_calls(session_id="s1"):
+        if seen == 10:
+            # a writer is not blocked by an open reader (WAL); the reader keeps its snapshot
+            store.add_call(make_call("late", index=10_000))
+        seen += 1
+    assert seen in (600, 601)
+    assert store.count_calls() == 601
+
+
+def test_results_round_trip(store: Store) -> None:
+    store.create_session(make_session("s1", "run1", 1.0))
+    store.create_session(make_session("s2", "run1", 2.0))
+    store.create_session(make_session("s3", "run2", 3.0))
+    assert store.get_result("s1") is None
+    result = RolloutResult(rollout_id="r-s1", task_id="t1", status="ok",
+                           reward=RewardResult(score=1.0, passed=True), final_answer="42")
+    store.save_result("s1", result)
+    store.save_result("s2", RolloutResult(rollout_id="r-s2", status="timeout"))
+    store.save_result("s2", RolloutResult(rollout_id="r-s2", status="infra_error"))  # replaces
+    store.save_result("s3", RolloutResult(rollout_id="r-s3"))
+    assert store.get_result("s1") == result
+    pairs = store.list_results("run1")
+    assert [(s.id, r.status) for s, r in pairs] == [("s1", "ok"), ("s2", "infra_error")]
+    assert len(store.list_results()) == 3
+
+
+def test_reopen_sees_committed_data(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite"
+    with Store(path) as s:
+        s.create_session(make_session())
+        s.add_call(make_call("c1"))
+    with Store(path) as s:
+        assert s.schema_version == SCHEMA_VERSION
+        assert [c.id for c in s.list_calls("s1")] == ["c1"]
+        mode = s._conn().execute("PRAGMA journal_mode").fetchone()[0]
+        assert mode == "wal"
+
+
+def test_newer_schema_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite"
+    Store(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match="newer openforge"):
+        Store(path)
+
+
+def test_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "junk.sqlite"
+    path.write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(StoreError, match="not an openforge store"):
+        Store(path)
+    with pytest.raises(StoreError, match="directory"):
+        Store(tmp_path)
+
+
+def test_closed_store_refuses_use(tmp_path: Path) -> None:
+    s = Store(tmp_path / "store.sqlite")
+    s.close()
+    s.close()
+    with pytest.raises(StoreError, match="closed"):
+        s.get_session("x")
+
+
+def test_many_threads_write_concurrently(store: Store) -> None:
+    store.create_session(make_session())
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            for i in range(25):
+                store.add_call(make_call(f"t{t}-{i}"), assign_index=True)
+                store.list_calls("s1")
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the assert below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    calls = store.list_calls("s1")
+    assert len(calls) == 200
+    assert [c.index for c in calls] == list(range(200))  # assign_index never raced
+
+
+def _process_writer(path: str, worker: int, n: int) -> None:
+    s = Store(path)
+    for i in range(n):
+        s.add_call(make_call(f"p{worker}-{i}"), assign_index=True)
+    s.close()
+
+
+def test_several_processes_write_the_same_file(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite"
+    with Store(path) as s:
+        s.create_session(make_session())
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_process_writer, args=(str(path), w, 30)) for w in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    with Store(path) as s:
+        calls = s.list_calls("s1")
+        assert len(calls) == 90
+        assert sorted(c.index for c in calls) == list(range(90))
