@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def make_call(cid: str, session_id: str = "s1", index: int = 0, n: int = 5) -> C
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
+def store(tmp_path: Path) -> Iterator[Store]:
     s = Store(tmp_path / "store.sqlite")
     yield s
     s.close()
@@ -136,6 +137,16 @@ def test_list_calls_ordered_by_index_and_next_index(store: Store) -> None:
     assert assigned.index == 3 and store.get_call("w").index == 3
 
 
+def test_first_call_skips_failed_calls(store: Store) -> None:
+    store.create_session(make_session())
+    assert store.first_call("s1") is None
+    store.add_call(make_call("f", index=0).model_copy(update={"status": "failed"}))
+    store.add_call(make_call("b", index=2))
+    store.add_call(make_call("a", index=1))
+    assert store.first_call("s1").id == "a"
+    assert store.first_call("s1", status=None).id == "f"
+
+
 def test_iter_and_count_calls_filter_by_run_and_session(store: Store) -> None:
     store.create_session(make_session("s1", "run1"))
     store.create_session(make_session("s2", "run1"))
@@ -160,7 +171,7 @@ def test_iter_calls_streams_past_one_batch_while_writing(store: Store) -> None:
     for i in range(600):
         store.add_call(make_call(f"c{i:04d}", index=i))
     seen = 0
-    for call in store.iter_calls(session_id="s1"):
+    for _call in store.iter_calls(session_id="s1"):
         if seen == 10:
             # a writer is not blocked by an open reader (WAL); the reader keeps its snapshot
             store.add_call(make_call("late", index=10_000))
@@ -257,9 +268,7 @@ def _process_writer(path: str, worker: int, n: int) -> None:
 
 
 def test_several_processes_write_the_same_file(tmp_path: Path) -> None:
-    path = tmp_path / "store.sqlite"
-    with Store(path) as s:
-        s.create_session(make_session())
+    path = tmp_path / "store.sqlite"  # does not exist yet: the processes race to create it
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_process_writer, args=(str(path), w, 30)) for w in range(3)]
     for p in procs:

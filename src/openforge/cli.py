@@ -124,7 +124,7 @@ def serve(config_path: Path | None, overrides: tuple[str, ...], store_path: Path
 
 
 @cli.command()
-@click.argument("run_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.argument("run_dir", type=click.Path(path_type=Path, exists=True))  # a run directory or its .sqlite store
 @click.option("--format", "fmt", type=click.Choice(["verl", "sft", "samples"]), default="samples",
               show_default=True)
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), required=True,

@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from openforge.errors import OpenforgeError
 from openforge.types import SamplingParams
 
-
 T = TypeVar("T", bound=BaseModel)
 
 

@@ -418,6 +418,15 @@ class Store:
             f"SELECT {_CALL_COLUMNS} FROM calls WHERE id = ?", (call_id,)).fetchone()
         return _row_to_call(row) if row else None
 
+    def first_call(self, session_id: str, status: str | None = "ok") -> Call | None:
+        """The session's lowest-index call (with this status; any status when None)."""
+        where = " AND status = ?" if status is not None else ""
+        params: tuple[Any, ...] = (session_id, status) if status is not None else (session_id,)
+        row = self._conn().execute(
+            f"SELECT {_CALL_COLUMNS} FROM calls WHERE session_id = ?{where} "
+            "ORDER BY idx, started_at, id LIMIT 1", params).fetchone()
+        return _row_to_call(row) if row else None
+
     def list_calls(self, session_id: str) -> list[Call]:
         """A session's calls ordered by index."""
         rows = self._conn().execute(

@@ -31,6 +31,7 @@ QWEN3_SPECIAL_TOKENS: tuple[str, ...] = (
     "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
 )
 FIRST_SPECIAL_ID = 151643
+FIRST_NON_SPECIAL_ID = 151657  # <tool_call>: from here on the added tokens are plain text
 VOCAB_SIZE = 151936  # Qwen3's embedding rows (ranks + specials, padded)
 
 _COMPLETE_MARKER = ".complete"
@@ -59,15 +60,19 @@ def ensure_tiny_model(cache_dir: Path | None = None) -> Path:
     try:
         _build(staging)
         (staging / _COMPLETE_MARKER).write_text("ok\n")
-        try:
-            os.rename(staging, target)
-        except OSError:
-            # Another builder won the race (target exists and is non-empty), or a stale,
-            # incomplete folder is in the way: replace it only in the latter case.
-            if (target / _COMPLETE_MARKER).exists():
-                return target
-            shutil.rmtree(target, ignore_errors=True)
-            os.rename(staging, target)
+        for _ in range(3):
+            try:
+                os.rename(staging, target)
+                break
+            except OSError:
+                # Another builder won the race (the target exists, non-empty), or a stale,
+                # incomplete folder from a killed build is in the way: replace only that.
+                if (target / _COMPLETE_MARKER).exists():
+                    return target
+                shutil.rmtree(target, ignore_errors=True)
+        else:
+            if not (target / _COMPLETE_MARKER).exists():
+                raise OSError(f"could not move the tiny model into {target}")
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -98,10 +103,18 @@ def build_tokenizer(folder: Path):  # -> PreTrainedTokenizerFast
 
     folder.mkdir(parents=True, exist_ok=True)
     convert_tiktoken_to_fast(_qwen_encoding(), str(folder))
+    tokenizer_file = folder / "tokenizer.json"
+    spec = json.loads(tokenizer_file.read_text())
+    # As in Qwen3's own tokenizer: the tool-call, FIM and think markers are added tokens that
+    # are *not* special, so decoding with skip_special_tokens keeps them visible.
+    for added in spec.get("added_tokens", []):
+        added["special"] = added["id"] < FIRST_NON_SPECIAL_ID
+    tokenizer_file.write_text(json.dumps(spec, ensure_ascii=False))
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_file=str(folder / "tokenizer.json"),
+        tokenizer_file=str(tokenizer_file),
         eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        additional_special_tokens=list(QWEN3_SPECIAL_TOKENS[1:]),
+        additional_special_tokens=[t for i, t in enumerate(QWEN3_SPECIAL_TOKENS)
+                                   if 0 < i < FIRST_NON_SPECIAL_ID - FIRST_SPECIAL_ID],
     )
     tokenizer.save_pretrained(str(folder))
     return tokenizer

@@ -98,6 +98,8 @@ class ChatRequest(BaseModel):
     tools: list[Tool] = Field(default_factory=list)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     stream: bool = False
+    # OpenAI `stream_options.include_usage`: send a final usage-only chunk when streaming.
+    include_usage: bool = False
     raw_prompt: str | None = None
     raw_prompt_ids: list[int] | None = None
 

@@ -1,0 +1,108 @@
+"""Local executor overhead: spawn-to-result latency of an empty rollout, and rollouts/minute.
+
+    python benchmarks/bench_executor.py [--rollouts-per-level 16] [--sandbox auto|bwrap|none]
+
+An empty rollout runs the whole in-sandbox path (`python -m openforge.rollout`: plugins,
+workspace, a harness process that does nothing, final state, reward, result POST) so the
+figure is what openforge adds on top of the harness itself. Results are POSTed to a tiny
+real HTTP server standing in for the gateway's result route.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from openforge.environment import Environment
+from openforge.harness import Command, Harness, HarnessContext
+from openforge.types import RewardResult, RolloutSpec, Task
+
+
+class EmptyHarness(Harness):
+    """A harness process that exits at once."""
+
+    def command(self, ctx: HarnessContext) -> Command:
+        return Command(argv=["/bin/true"])
+
+
+class EmptyEnv(Environment):
+    """One task, nothing to prepare, always passes."""
+
+    def tasks(self, split: str | None = None) -> Iterable[Task]:
+        yield Task(id="empty", prompt="nothing")
+
+    def check(self, task: Task, workspace: Path, final_state: dict[str, Any]) -> RewardResult:
+        return RewardResult(score=1.0, passed=True)
+
+
+class _Sink(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+async def _level(executor: Any, url: str, concurrency: int, n: int) -> dict[str, Any]:
+    sem = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+    statuses: list[str] = []
+
+    async def one(i: int) -> None:
+        spec = RolloutSpec(run_id="bench", rollout_id=f"c{concurrency}-{i}", task=Task(id="empty", prompt="-"),
+                           harness="bench_executor:EmptyHarness", environment="bench_executor:EmptyEnv",
+                           reward="checker", gateway_url=url, session_token=f"t{i}", timeout_s=60)
+        async with sem:
+            t0 = time.perf_counter()
+            result = await executor.run(spec)
+            latencies.append(time.perf_counter() - t0)
+            statuses.append(result.status)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    wall = time.perf_counter() - t0
+    return {"concurrency": concurrency, "rollouts": n, "ok": statuses.count("ok"),
+            "p50_s": round(statistics.median(latencies), 3),
+            "max_s": round(max(latencies), 3),
+            "rollouts_per_min": round(n / wall * 60, 1)}
+
+
+async def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts-per-level", type=int, default=16)
+    parser.add_argument("--sandbox", default="auto", choices=["auto", "bwrap", "none"])
+    args = parser.parse_args(argv)
+    # The rollout subprocess imports this module by name to build the empty plugins.
+    here = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [here, os.environ.get("PYTHONPATH", "")] if p)
+    sys.path.insert(0, here)
+    from openforge.executors.local import LocalExecutor
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    executor = LocalExecutor(sandbox=args.sandbox)
+    print(executor.describe_sandbox())
+    print(f"cpu cores: {os.cpu_count()}")
+    await _level(executor, url, 1, 2)  # warm the page cache
+    for concurrency in (1, 4, 16):
+        n = max(args.rollouts_per_level, concurrency)
+        print(json.dumps(await _level(executor, url, concurrency, n)))
+    server.shutdown()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,425 @@
+"""What every wire dialect provides, and the small vocabulary they share.
+
+A dialect is stateless: `parse` turns one wire request body (already JSON-decoded) into the
+canonical `ChatRequest`, `response` / `stream` turn one canonical `Completion` into the
+wire response or its complete list of SSE frames, and `error` builds the dialect's own
+error body. The gateway generates the whole completion first and then streams it, so a
+stream here is a finite iterator of byte frames in the exact order real providers use.
+
+Parsing follows one rule: reject what is malformed (a 4xx `DialectError` with a one-line
+message naming the field), ignore what is merely unknown (extra fields, tool types and
+content parts the policy cannot use), so unmodified harnesses keep working.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar, Literal
+
+from openforge.gateway.conversation import ChatRequest, Completion, Message
+from openforge.types import SamplingParams
+
+DialectName = Literal["chat", "completions", "responses", "messages"]
+
+KEEPALIVE_FRAME = b": keep-alive\n\n"
+"""An SSE comment line; clients ignore it, proxies and idle timers see traffic."""
+
+# Streams split each text into at most this many deltas: enough to exercise a client's
+# accumulation logic, few enough to keep the per-call CPU cost of framing small.
+MAX_DELTAS = 4
+
+
+class DialectError(Exception):
+    """A request the dialect cannot accept; the gateway answers `status` with `error()`."""
+
+    def __init__(
+        self, message: str, status: int = 400, error_type: str = "invalid_request_error"
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.error_type = error_type
+
+
+class Dialect(ABC):
+    """One wire API: request parsing, response building, SSE framing, error bodies."""
+
+    name: ClassVar[DialectName]
+
+    @abstractmethod
+    def parse(self, body: Any) -> ChatRequest:
+        """The canonical request for a decoded JSON body; `DialectError` when malformed."""
+
+    @abstractmethod
+    def response(
+        self,
+        completion: Completion,
+        *,
+        response_id: str,
+        model: str,
+        created: int,
+        request: ChatRequest | None = None,
+    ) -> dict[str, Any]:
+        """The non-streaming wire response body.
+
+        `request` is the `ChatRequest` that `parse` returned; dialects read request options
+        from it (chat's `include_usage`, the sampling values a Responses object echoes).
+        """
+
+    @abstractmethod
+    def stream(
+        self,
+        completion: Completion,
+        *,
+        response_id: str,
+        model: str,
+        created: int,
+        request: ChatRequest | None = None,
+    ) -> Iterator[bytes]:
+        """Every SSE frame of the streamed response, terminator included (see `response`)."""
+
+    @abstractmethod
+    def error(self, status: int, message: str, error_type: str = "") -> dict[str, Any]:
+        """The dialect's error body. An empty `error_type` is derived from `status`."""
+
+    def error_stream_frame(self, status: int, message: str, error_type: str = "") -> bytes:
+        """One SSE frame reporting an error after the stream has started."""
+        return sse_data(self.error(status, message, error_type))
+
+
+# --- SSE framing -------------------------------------------------------------------------
+
+
+# Built once: `json.dumps` with options constructs a new encoder on every call, a
+# measurable share of the cost of a stream's many small frames.
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_ENCODE_ASCII = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON; non-ASCII kept as is (smaller frames, same meaning)."""
+    return _ENCODE(value)
+
+
+def dumps_bytes(value: Any) -> bytes:
+    """Compact JSON as UTF-8; falls back to ASCII escapes for unencodable text."""
+    try:
+        return _ENCODE(value).encode()
+    except UnicodeEncodeError:
+        return _ENCODE_ASCII(value).encode()
+
+
+def sse_data(payload: Any) -> bytes:
+    """A `data:`-only frame (OpenAI chat / completions)."""
+    return b"data: " + dumps_bytes(payload) + b"\n\n"
+
+
+def sse_event(event: str, payload: Any) -> bytes:
+    """A named frame (`event:` + `data:`), as Responses and Anthropic Messages send."""
+    return b"event: " + event.encode() + b"\ndata: " + dumps_bytes(payload) + b"\n\n"
+
+
+def split_deltas(text: str, parts: int = MAX_DELTAS) -> list[str]:
+    """`text` cut into at most `parts` non-empty pieces that concatenate back to it."""
+    if not text:
+        return []
+    size = max(1, math.ceil(len(text) / parts))
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+# --- finish reasons and ids ---------------------------------------------------------------
+
+
+def finish_reason(completion: Completion) -> Literal["stop", "length", "tool_calls"]:
+    """The finish reason a client should act on.
+
+    A truncated generation stays `length`; otherwise tool calls in the message win, since
+    harnesses only run tools when the finish reason says so.
+    """
+    if completion.finish_reason == "length":
+        return "length"
+    if completion.message.tool_calls:
+        return "tool_calls"
+    return "stop"
+
+
+def id_suffix(response_id: str) -> str:
+    """The random part of `resp_abc` / `chatcmpl-abc`, to derive item ids from."""
+    for sep in ("_", "-"):
+        if sep in response_id:
+            return response_id.split(sep, 1)[1] or response_id
+    return response_id
+
+
+# --- request decoding ----------------------------------------------------------------------
+
+# A JSON `\uD800`-`\uDFFF` escape: only then can json.loads produce a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+MAX_NESTING = 64
+"""Deepest JSON nesting kept verbatim (tool schemas, tool-call arguments)."""
+
+
+def load_json(raw: bytes) -> Any:
+    """Decode a request body, with a `DialectError` for anything that is not clean JSON.
+
+    Lone UTF-16 surrogates (legal as JSON escapes) are rejected here because no tokenizer
+    or UTF-8 encoder downstream can take them.
+    """
+    try:
+        value = json.loads(raw)
+    except UnicodeDecodeError:
+        raise DialectError("the request body is not valid UTF-8") from None
+    except json.JSONDecodeError as err:
+        raise DialectError(f"the request body is not valid JSON: {err.msg} at position "
+                           f"{err.pos}") from None
+    except RecursionError:
+        raise DialectError("the request body is nested too deeply") from None
+    if _SURROGATE_ESCAPE.search(raw):
+        try:
+            json.dumps(value, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise DialectError("the request body contains an unpaired UTF-16 surrogate "
+                               "escape") from None
+    return value
+
+
+def check_depth(value: Any, field: str, limit: int = MAX_NESTING) -> None:
+    """Reject nesting deeper than `limit` in a value kept verbatim (serializers have limits)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(
+            item, list) else ()
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > limit:
+                    raise DialectError(f"'{field}' is nested more than {limit} levels deep")
+                stack.append((child, depth + 1))
+
+
+# --- request field readers ----------------------------------------------------------------
+#
+# Each reader returns the value or raises a DialectError naming the field, so the dialect
+# parsers read like the wire schema they implement.
+
+
+def type_name(value: Any) -> str:
+    """The JSON type name of a decoded value, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def bad_type(field: str, expected: str, value: Any) -> DialectError:
+    return DialectError(f"'{field}' must be {expected}, got {type_name(value)}")
+
+
+def require_object(body: Any, what: str = "request body") -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise DialectError(f"the {what} must be a JSON object, got {type_name(body)}")
+    return body
+
+
+def opt_str(obj: Mapping[str, Any], key: str, field: str | None = None) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad_type(field or key, "a string", value)
+    return value
+
+
+def req_str(obj: Mapping[str, Any], key: str, field: str | None = None) -> str:
+    value = opt_str(obj, key, field)
+    if value is None:
+        raise DialectError(f"'{field or key}' is required")
+    return value
+
+
+def opt_bool(obj: Mapping[str, Any], key: str, field: str | None = None) -> bool | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise bad_type(field or key, "a boolean", value)
+    return value
+
+
+def opt_int(obj: Mapping[str, Any], key: str, field: str | None = None) -> int | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    # JSON has one number type; 16.0 is a fine integer, 16.5 is not.
+    if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_type(field or key, "an integer", value)
+    return value
+
+
+def opt_number(obj: Mapping[str, Any], key: str, field: str | None = None) -> float | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise bad_type(field or key, "a number", value)
+    number = float(value)
+    if not math.isfinite(number):
+        raise DialectError(f"'{field or key}' must be a finite number")
+    return number
+
+
+def opt_list(obj: Mapping[str, Any], key: str, field: str | None = None) -> list[Any] | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise bad_type(field or key, "an array", value)
+    return value
+
+
+def as_list(value: Any, field: str) -> list[Any]:
+    """`value` as an array; null counts as empty."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise bad_type(field, "an array", value)
+    return value
+
+
+def opt_object(
+    obj: Mapping[str, Any], key: str, field: str | None = None
+) -> dict[str, Any] | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise bad_type(field or key, "an object", value)
+    return value
+
+
+def read_stop(obj: Mapping[str, Any], key: str) -> list[str] | None:
+    """`stop`: one string or a list of strings."""
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value] if value else []
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return [s for s in value if s]
+    raise bad_type(key, "a string or an array of strings", value)
+
+
+def read_sampling(
+    body: Mapping[str, Any],
+    *,
+    max_tokens_keys: tuple[str, ...],
+    stop_key: str | None = "stop",
+    default_max_tokens: int | None = None,
+) -> SamplingParams:
+    """Sampling parameters from the request.
+
+    Only the fields the request sets are passed to `SamplingParams`, so
+    `sampling.model_fields_set` tells the gateway which ones to fill from the session.
+    `max_tokens_keys` are tried in order (chat prefers `max_completion_tokens`).
+    """
+    values: dict[str, Any] = {}
+    temperature = opt_number(body, "temperature")
+    if temperature is not None:
+        if temperature < 0:
+            raise DialectError("'temperature' must be >= 0")
+        values["temperature"] = temperature
+    top_p = opt_number(body, "top_p")
+    if top_p is not None:
+        if not 0 < top_p <= 1:
+            raise DialectError("'top_p' must be in (0, 1]")
+        values["top_p"] = top_p
+    for key in max_tokens_keys:
+        max_tokens = opt_int(body, key)
+        if max_tokens is not None:
+            if max_tokens < 1:
+                raise DialectError(f"'{key}' must be >= 1")
+            values["max_tokens"] = max_tokens
+            break
+    else:
+        if default_max_tokens is not None:
+            values["max_tokens"] = default_max_tokens
+    if stop_key is not None:
+        stop = read_stop(body, stop_key)
+        if stop is not None:
+            values["stop"] = stop
+    seed = opt_int(body, "seed")
+    if seed is not None:
+        values["seed"] = seed
+    return SamplingParams(**values)
+
+
+def tool_arguments(value: Any, field: str) -> str:
+    """Tool-call arguments as JSON text; an already-decoded object is encoded."""
+    if value is None:
+        return "{}"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        check_depth(value, field)
+        return dumps(value)
+    raise bad_type(field, "a JSON string or an object", value)
+
+
+def check_tool_results(messages: list[Message]) -> None:
+    """Every tool result must answer a tool call made earlier in the conversation."""
+    called: set[str] = set()
+    for msg in messages:
+        if msg.role == "assistant":
+            called.update(c.id for c in msg.tool_calls)
+        elif msg.role == "tool" and msg.tool_call_id not in called:
+            raise DialectError(
+                f"tool result '{msg.tool_call_id}' does not match any earlier tool call"
+            )
+
+
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def default_error_type(status: int) -> str:
+    """The conventional error `type` for an HTTP status (shared by OpenAI and Anthropic)."""
+    if status in _ERROR_TYPES:
+        return _ERROR_TYPES[status]
+    return "api_error" if status >= 500 else "invalid_request_error"
+
+
+def openai_error(status: int, message: str, error_type: str = "") -> dict[str, Any]:
+    """The OpenAI error body shared by chat, completions and Responses."""
+    return {
+        "error": {
+            "message": message,
+            "type": error_type or default_error_type(status),
+            "param": None,
+            "code": None,
+        }
+    }

@@ -1,0 +1,154 @@
+"""The `litellm` engine: hosted providers through litellm, text in / text out.
+
+Hosted models return text, not the ids they sampled, so the completion ids here are the
+gateway's tokenization of that text and every call is flagged `exact_tokens = False`:
+fine for evaluation and SFT data, not for on-policy RL. Logprobs are 0.0.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from openforge.gateway.conversation import Completion, FinishReason, Message, ToolCall
+from openforge.gateway.engines.base import (
+    Engine,
+    EngineConfigError,
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+)
+from openforge.gateway.engines.local import EngineLog, EngineLogEntry
+from openforge.gateway.render import new_tool_call_id
+
+# Options that are ours; everything else goes to litellm.acompletion as is
+# (api_base, api_key, mock_response, timeout, extra_headers, ...).
+_OWN_OPTIONS = {"litellm_model", "log_size"}
+
+
+def _import_litellm() -> Any:
+    try:
+        import litellm
+    except ImportError:
+        raise EngineConfigError("the litellm engine needs litellm: pip install "
+                                "'openforge[litellm]'") from None
+    return litellm
+
+
+class LiteLLMEngine(Engine):
+    """Options: `litellm_model` (a litellm model string, e.g. "openai/gpt-4o-mini"; the
+    keyword `model` is taken by the policy's ModelBundle), and any litellm.acompletion
+    keyword (api_base, api_key, timeout, mock_response, ...)."""
+
+    exact_tokens = False
+
+    def __init__(self, model: Any = None, **options: Any) -> None:
+        super().__init__(model, **options)
+        self.litellm_model = options.get("litellm_model")
+        if not self.litellm_model or not isinstance(self.litellm_model, str):
+            raise EngineConfigError("the litellm engine needs litellm_model=PROVIDER/MODEL "
+                                    "(a litellm model string)")
+        self._litellm = _import_litellm()
+        self._extra = {k: v for k, v in options.items() if k not in _OWN_OPTIONS}
+        self.log = EngineLog(int(options.get("log_size", 10_000)))
+
+    @property
+    def weight_version(self) -> str:
+        return f"litellm:{self.litellm_model}"
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        chat = request.chat
+        if chat is None or chat.raw_prompt is not None or chat.raw_prompt_ids is not None:
+            raise EngineError("the litellm engine serves chat requests only", 400)
+        s = request.sampling
+        kwargs: dict[str, Any] = {
+            "model": self.litellm_model,
+            "messages": [_wire_message(m) for m in chat.messages],
+            "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens,
+            **self._extra,
+        }
+        if chat.tools:
+            kwargs["tools"] = [t.to_renderer() for t in chat.tools]
+        if s.stop:
+            kwargs["stop"] = list(s.stop)
+        if s.seed is not None:
+            kwargs["seed"] = s.seed
+        try:
+            response = await self._litellm.acompletion(**kwargs)
+        except Exception as exc:  # litellm maps every provider failure to its own types
+            status = getattr(exc, "status_code", None)
+            code = 503 if status in (429, 503) else 502
+            raise EngineError(f"litellm {self.litellm_model}: {type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''}", code) from None
+        message, finish = _read_choice(response)
+        ids = self._tokenize(message)
+        logprobs = [0.0] * len(ids)
+        self.log.append(EngineLogEntry(
+            request_id=request.request_id, session_id=request.session_id,
+            prompt_ids=list(request.prompt_ids), completion_ids=ids, logprobs=logprobs,
+            finish_reason=finish))
+        usage = _get(response, "usage")
+        completion = Completion(
+            message=message, finish_reason=finish,
+            prompt_tokens=int(_get(usage, "prompt_tokens") or len(request.prompt_ids)),
+            completion_tokens=int(_get(usage, "completion_tokens") or len(ids)))
+        return GenerateResult(completion_ids=ids, logprobs=logprobs,
+                              finish_reason="length" if finish == "length" else "stop",
+                              weight_version=self.weight_version, completion=completion)
+
+    def _tokenize(self, message: Message) -> list[int]:
+        """The assistant turn as the policy's template would hold it, best effort."""
+        bundle = self.model
+        if bundle is None:
+            return []
+        try:
+            from openforge.gateway.render import assistant_turn_ids
+
+            return assistant_turn_ids(bundle, [], message)
+        except Exception:
+            return bundle.encode(message.content) + bundle.stop_token_ids[:1]
+
+
+def _get(obj: Any, key: str) -> Any:
+    """litellm returns pydantic-ish objects that also act as dicts; accept both."""
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
+def _read_choice(response: Any) -> tuple[Message, FinishReason]:
+    choices = _get(response, "choices") or []
+    if not choices:
+        raise EngineError("litellm returned no choices", 502)
+    choice = choices[0]
+    msg = _get(choice, "message") or {}
+    calls = []
+    for c in _get(msg, "tool_calls") or []:
+        fn = _get(c, "function") or {}
+        args = _get(fn, "arguments") or "{}"
+        calls.append(ToolCall(id=_get(c, "id") or new_tool_call_id(), name=_get(fn, "name") or "",
+                              arguments=args if isinstance(args, str) else json.dumps(args)))
+    reasoning = _get(msg, "reasoning_content")
+    message = Message(role="assistant", content=_get(msg, "content") or "",
+                      reasoning=reasoning or None, tool_calls=calls)
+    raw = _get(choice, "finish_reason")
+    finish: FinishReason = "tool_calls" if calls else ("length" if raw == "length" else "stop")
+    return message, finish
+
+
+def _wire_message(m: Message) -> dict[str, Any]:
+    """OpenAI chat wire shape (arguments as JSON text), which litellm translates per provider."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.images:
+        out["content"] = [{"type": "image_url", "image_url": {"url": i.url}} for i in m.images]
+        if m.content:
+            out["content"].append({"type": "text", "text": m.content})
+    if m.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    return out

@@ -1,0 +1,251 @@
+"""Running the gateway: in process on a free port (`Gateway`), or on its own (`serve_forever`).
+
+`Gateway` runs uvicorn inside the caller's event loop (the runner, tests), so sessions can
+be opened in process with no HTTP round trip, and the model bundle and engine are built
+once per gateway. `serve_forever` is `openforge serve`; `python -m openforge.gateway.server`
+is the same with flags that scripts (and the crash test) use without click.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+
+from openforge import plugins
+from openforge.config import EngineConfig, GatewayConfig, RunConfig, load_run_config
+from openforge.errors import OpenforgeError
+from openforge.gateway.app import GatewayState, create_app
+from openforge.gateway.engines.base import Engine
+from openforge.gateway.render import ModelBundle, load_model_bundle
+from openforge.store import Store
+from openforge.types import SamplingParams, Session
+
+log = logging.getLogger("openforge.gateway")
+
+
+class GatewayError(OpenforgeError):
+    """The gateway cannot start (port taken, engine cannot be built...)."""
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: the embedding program owns Ctrl-C."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise GatewayError(f"cannot bind the gateway to {host}:{port}: {exc.strerror}; "
+                           f"choose another --port (0 picks a free one)") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class Gateway:
+    """The recording gateway, served by uvicorn in the current event loop.
+
+    `engine` and `bundle` may be passed in to share one loaded model between gateways
+    (tests); otherwise both are built from `engine_config` on `start()` and the engine is
+    closed on `stop()`.
+    """
+
+    def __init__(self, config: GatewayConfig, engine_config: EngineConfig, store: Store, *,
+                 engine: Engine | None = None, bundle: ModelBundle | None = None) -> None:
+        self.config = config
+        self.engine_config = engine_config
+        self.store = store
+        self.engine = engine
+        self.bundle = bundle
+        self._owns_engine = engine is None
+        self._state: GatewayState | None = None
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.url = ""
+
+    @property
+    def state(self) -> GatewayState:
+        if self._state is None:
+            raise GatewayError("the gateway is not started; call `await gateway.start()` first")
+        return self._state
+
+    @property
+    def admin_key(self) -> str:
+        return self.state.admin_key
+
+    async def start(self) -> None:
+        """Build the model bundle and engine (once), bind, and serve until `stop()`."""
+        if self._task is not None:
+            return
+        bundle: ModelBundle = self.bundle if self.bundle is not None else await asyncio.to_thread(
+            load_model_bundle, self.engine_config.model, self.engine_config.renderer)
+        engine: Engine = self.engine if self.engine is not None else await asyncio.to_thread(
+            plugins.create, "engine", self.engine_config.name, model=bundle,
+            **self.engine_config.options)
+        self.bundle, self.engine = bundle, engine
+        self._state = GatewayState(self.config, self.store, engine, bundle)
+        sock = _bind(self.config.host, self.config.port)
+        host, port = sock.getsockname()[:2]
+        self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        self._state.base_url = self.url
+        uv_config = uvicorn.Config(
+            create_app(self._state), log_level="warning", access_log=False, lifespan="off",
+            timeout_graceful_shutdown=5, timeout_keep_alive=30)
+        self._server = _EmbeddedServer(uv_config)
+        self._task = asyncio.ensure_future(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises what stopped uvicorn
+                raise GatewayError("the gateway's HTTP server stopped during start-up")
+            await asyncio.sleep(0.01)
+        log.info("gateway serving on %s", self.url)
+
+    def open_session(self, run_id: str = "", rollout_id: str = "", task_id: str = "",
+                     sampling: SamplingParams | None = None,
+                     metadata: dict[str, Any] | None = None) -> Session:
+        """Open a session in process (no HTTP): its token is the harness's credential."""
+        return self.state.sessions.open(run_id=run_id, rollout_id=rollout_id, task_id=task_id,
+                                        sampling=sampling, metadata=metadata)
+
+    def close_session(self, session_id: str) -> Session | None:
+        """Close a session: its token stops working at once. None when it does not exist."""
+        return self.state.sessions.close(session_id)
+
+    def session_url(self, session: Session) -> str:
+        """The OpenAI-style base URL (ending in /v1) for `session`."""
+        return self.state.session_url(session.token)
+
+    def pause(self, retry_after_s: int = 5) -> None:
+        """Answer model calls with 429 + Retry-After (weight sync) until `resume()`."""
+        self.state.paused, self.state.retry_after_s = True, retry_after_s
+
+    def resume(self) -> None:
+        self.state.paused = False
+
+    async def wait(self) -> None:
+        """Until the server stops."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        """Stop serving (in-flight calls get a few seconds to finish) and close the engine."""
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(Exception):
+                await self._task
+        self._server = self._task = None
+        if self._owns_engine and self.engine is not None:
+            await self.engine.close()
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()
+
+
+def _banner(gateway: Gateway, engine_config: EngineConfig) -> str:
+    url, key = gateway.url, gateway.admin_key
+    return "\n".join([
+        f"openforge gateway on {url}  (engine {engine_config.name}, model "
+        f"'{gateway.config.served_model_name}', store {gateway.store.path})",
+        f"admin key: {key}",
+        "open a session:",
+        f"  curl -s -X POST -H 'Authorization: Bearer {key}' {url}/admin/sessions",
+        "then point a harness at it with the session token:",
+        f"  OpenAI SDKs, Codex:  base_url={url}/s/TOKEN/v1  api_key=TOKEN",
+        f"  Claude Code:         ANTHROPIC_BASE_URL={url}/s/TOKEN  ANTHROPIC_API_KEY=TOKEN",
+        "Ctrl-C stops.",
+    ])
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop when it is installed: a fraction of asyncio's CPU per request."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop  # type: ignore[no-any-return]
+
+
+def serve_forever(config: RunConfig, store_path: Path) -> None:
+    """`openforge serve`: run the gateway on its own until Ctrl-C or SIGTERM."""
+    store = Store(store_path)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        async with Gateway(config.gateway, config.engine, store) as gateway:
+            print(_banner(gateway, config.engine), flush=True)
+            waiter = asyncio.ensure_future(stop.wait())
+            served = asyncio.ensure_future(gateway.wait())
+            await asyncio.wait({waiter, served}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+        print("gateway stopped", flush=True)
+
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(main())
+    except KeyboardInterrupt:
+        print("gateway stopped", flush=True)
+    finally:
+        store.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m openforge.gateway.server --store PATH [--engine NAME] [--option K=V]...`"""
+    parser = argparse.ArgumentParser(prog="python -m openforge.gateway.server",
+                                     description="Run the openforge recording gateway.")
+    parser.add_argument("--store", type=Path, default=Path("gateway.sqlite"))
+    parser.add_argument("--engine", help="engine plugin name (default: local)")
+    parser.add_argument("--model", help="model directory, or 'tiny'")
+    parser.add_argument("--renderer", help="renderer config name (default: auto)")
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--admin-key")
+    parser.add_argument("--keepalive", type=float, help="seconds between SSE keep-alives")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="engine option (value parsed as YAML), repeatable")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="any config override, repeatable")
+    args = parser.parse_args(argv)
+    overrides = list(args.overrides) + [f"engine.options.{o}" for o in args.option]
+    try:
+        config = load_run_config(None, overrides, {
+            "engine.name": args.engine, "engine.model": args.model,
+            "engine.renderer": args.renderer, "gateway.host": args.host,
+            "gateway.port": args.port, "gateway.admin_key": args.admin_key,
+            "gateway.keepalive_s": args.keepalive,
+        })
+        serve_forever(config, args.store)
+    except OpenforgeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,430 @@
+"""The rollout loop of `openforge run`: tasks x k attempts -> sessions -> executor -> reward -> store.
+
+A run lives in `runs/<run-id>/`:
+
+- `config.yaml`   the full resolved `RunConfig` (what `--resume` reads back);
+- `store.sqlite`  every session and recorded call (the gateway writes it);
+- `results.jsonl` one `AttemptRecord` per finished attempt, appended as attempts finish
+                  (the source of truth for what is done);
+- `report.json`, `report.html` written at the end (`openforge report` rewrites them).
+
+Each attempt gets a fresh gateway session. Infrastructure failures (timeout, sandbox died,
+harness missing, engine down) are retried with a new session up to `max_infra_retries`
+times; if they persist the attempt is recorded as an infra failure, which pass rates
+exclude and the report shows apart. Never as a reward of 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from openforge.config import RunConfig
+from openforge.errors import OpenforgeError
+from openforge.executor import Executor
+from openforge.metrics import AttemptOutcome, MetricsSummary, summarize
+from openforge.rollout import build_plugin
+from openforge.types import RolloutResult, RolloutSpec, Task
+
+CONFIG_FILE = "config.yaml"
+RESULTS_FILE = "results.jsonl"
+STORE_FILE = "store.sqlite"
+_TABLE_ROWS = 40  # per-task rows printed at the end; the report has them all
+
+
+class RunError(OpenforgeError):
+    """A run that cannot start or resume (bad run directory, unknown task ids...)."""
+
+
+class RunInterrupted(OpenforgeError):
+    """Ctrl-C: the run stopped cleanly and can be resumed."""
+
+    exit_code = 130
+
+
+class AttemptRecord(BaseModel):
+    """One finished attempt: a line of results.jsonl."""
+
+    task_id: str
+    attempt: int
+    rollout_id: str
+    session_id: str
+    status: str
+    reward: float | None = None
+    passed: bool = False
+    reward_details: dict[str, Any] = Field(default_factory=dict)
+    final_answer: str | None = None
+    error: str | None = None
+    duration_s: float = 0.0
+    tries: int = 1
+    infra_errors: list[str] = Field(default_factory=list)
+    session_ids: list[str] = Field(default_factory=list)  # every try's session, last = this one
+    prompt: str = ""
+    finished_at: float = Field(default_factory=time.time)
+
+    @property
+    def is_infra_failure(self) -> bool:
+        return self.status in ("infra_error", "timeout")
+
+    def outcome(self) -> AttemptOutcome:
+        return AttemptOutcome(task_id=self.task_id, attempt=self.attempt, status=self.status,
+                              reward=self.reward, passed=self.passed)
+
+
+class RunSummary(BaseModel):
+    """What `run_from_config` returns."""
+
+    run_id: str
+    run_dir: Path
+    metrics: MetricsSummary
+    report_paths: list[Path] = Field(default_factory=list)
+    attempts_run: int = 0  # attempts finished by this invocation (not counting resumed ones)
+    elapsed_s: float = 0.0
+
+
+def _close_session(gateway: Any, session_id: str) -> None:
+    """Close the session in the gateway (drops its token cache) or, failing that, in the store."""
+    sessions = getattr(getattr(gateway, "state", None), "sessions", None)
+    if sessions is not None and hasattr(sessions, "close"):
+        sessions.close(session_id)
+    else:
+        gateway.store.close_session(session_id)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def read_results(run_dir: Path) -> list[AttemptRecord]:
+    """The finished attempts of a run; a line torn by a crash is skipped."""
+    path = run_dir / RESULTS_FILE
+    records: list[AttemptRecord] = []
+    seen: set[tuple[str, int]] = set()
+    if not path.exists():
+        return records
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = AttemptRecord.model_validate_json(line)
+        except ValidationError:
+            continue
+        key = (record.task_id, record.attempt)
+        if key not in seen:
+            seen.add(key)
+            records.append(record)
+    return records
+
+
+def open_results_for_append(path: Path) -> Any:
+    """Open results.jsonl for appending, first ending a line torn by a crash."""
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            torn = f.read(1) != b"\n"
+        if torn:
+            with open(path, "a") as f:
+                f.write("\n")
+    return open(path, "a")
+
+
+def load_run_dir_config(run_dir: Path) -> RunConfig:
+    """The config a run was started with (for `--resume`)."""
+    path = run_dir / CONFIG_FILE
+    if not path.exists():
+        raise RunError(f"{run_dir} is not a run directory (no {CONFIG_FILE}); "
+                       "pass the directory `openforge run` printed, e.g. runs/<run-id>")
+    try:
+        return RunConfig.model_validate(yaml.safe_load(path.read_text()) or {})
+    except (yaml.YAMLError, ValidationError) as exc:
+        raise RunError(f"{path}: not a valid run config: {str(exc).splitlines()[0]}") from None
+
+
+def select_tasks(config: RunConfig, all_tasks: list[Task]) -> list[Task]:
+    tasks = all_tasks
+    if config.tasks:
+        known = {t.id for t in all_tasks}
+        unknown = [t for t in config.tasks if t not in known]
+        if unknown:
+            raise RunError(f"unknown task id(s) {', '.join(unknown)} in environment "
+                           f"'{config.environment}'; known: {', '.join(sorted(known)[:20])}")
+        wanted = set(config.tasks)
+        tasks = [t for t in all_tasks if t.id in wanted]
+    if config.limit is not None:
+        tasks = tasks[: config.limit]
+    if not tasks:
+        raise RunError(f"environment '{config.environment}' yielded no tasks"
+                       + (f" for split '{config.split}'" if config.split else ""))
+    return tasks
+
+
+class Runner:
+    """Runs one run directory to completion (or until cancelled)."""
+
+    def __init__(self, config: RunConfig, run_dir: Path, console: Console | None = None) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.run_id = config.run_id or run_dir.name
+        self.console = console or Console()
+        self.records: list[AttemptRecord] = read_results(run_dir)
+        self.attempts_run = 0
+        self._results_file: Any = None
+
+    # -- set-up ----------------------------------------------------------------------------
+
+    def _header(self, executor: Executor, tasks: list[Task], pending: int) -> None:
+        cfg = self.config
+        c = self.console
+        c.print(f"[bold]openforge run[/bold] {self.run_id}  ->  {self.run_dir}")
+        c.print(f"engine: {cfg.engine.name} (model: {cfg.engine.model})")
+        if cfg.engine.name == "local" and cfg.engine.model == "tiny":
+            c.print("[yellow]note: the default model 'tiny' is an untrained model built offline: low "
+                    "scores are expected. Point at a real model with --model PATH, or at a vLLM "
+                    "server with --engine vllm --vllm-url URL.[/yellow]")
+        describe = getattr(executor, "describe_sandbox", None)
+        if callable(describe):
+            c.print(describe())
+        c.print(f"harness: {cfg.harness}  environment: {cfg.environment}  reward: {cfg.reward}  "
+                f"executor: {cfg.executor}")
+        c.print(f"{len(tasks)} tasks x k={cfg.k}: {pending} attempts to run "
+                f"({len(self.records)} already done), concurrency {cfg.concurrency}, "
+                f"timeout {cfg.timeout_s:g}s per rollout")
+
+    def _write_record(self, record: AttemptRecord) -> None:
+        self.records.append(record)
+        self._results_file.write(record.model_dump_json() + "\n")
+        self._results_file.flush()
+        os.fsync(self._results_file.fileno())
+
+    # -- one attempt -----------------------------------------------------------------------
+
+    async def _attempt(self, gateway: Any, executor: Executor, task: Task, attempt: int) -> AttemptRecord:
+        cfg = self.config
+        infra_errors: list[str] = []
+        session_ids: list[str] = []
+        result: RolloutResult | None = None
+        session_id = rollout_id = ""
+        for try_no in range(cfg.max_infra_retries + 1):
+            rollout_id = f"{task.id}.{attempt}.{try_no}.{secrets.token_hex(3)}"
+            session = gateway.open_session(
+                self.run_id, rollout_id, task.id, sampling=cfg.sampling,
+                metadata={"prompt": task.prompt, "attempt": attempt, "try": try_no,
+                          "harness": cfg.harness, "environment": cfg.environment})
+            session_id = session.id
+            session_ids.append(session_id)
+            spec = RolloutSpec(
+                run_id=self.run_id, rollout_id=rollout_id, attempt=attempt, task=task,
+                harness=cfg.harness, harness_options=cfg.harness_options,
+                environment=cfg.environment, environment_options=cfg.environment_options,
+                reward=cfg.reward, reward_options=cfg.reward_options, gateway_url=gateway.url,
+                session_token=session.token, model=cfg.gateway.served_model_name,
+                timeout_s=cfg.timeout_s)
+            try:
+                result = await executor.run(spec)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # an executor bug must not end the run
+                result = RolloutResult(rollout_id=rollout_id, task_id=task.id, attempt=attempt,
+                                       status="infra_error",
+                                       error=f"executor failed: {type(exc).__name__}: {exc}")
+            # The POSTed result is the sandbox's own account; stdout is the fallback.
+            stored = gateway.store.get_result(session_id)
+            if stored is not None:
+                result = stored
+            else:
+                gateway.store.save_result(session_id, result)
+            if result.reward is not None:
+                gateway.store.set_reward(session_id, result.reward.score, result.reward.details)
+            _close_session(gateway, session_id)
+            if not result.is_infra_failure:
+                break
+            infra_errors.append(f"{result.status}: {result.error}")
+        assert result is not None
+        return AttemptRecord(
+            task_id=task.id, attempt=attempt, rollout_id=rollout_id, session_id=session_id,
+            status=result.status, reward=result.reward.score if result.reward else None,
+            passed=bool(result.reward and result.reward.passed),
+            reward_details=result.reward.details if result.reward else {},
+            final_answer=result.final_answer, error=result.error, duration_s=result.duration_s,
+            tries=len(session_ids), infra_errors=infra_errors, session_ids=session_ids,
+            prompt=task.prompt)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def _stats(self) -> str:
+        scored = [r for r in self.records if not r.is_infra_failure]
+        infra = len(self.records) - len(scored)
+        rate = f"{sum(r.passed for r in scored) / len(scored):.0%}" if scored else "-"
+        return f"pass {rate}  infra failures {infra}"
+
+    async def run(self) -> RunSummary:
+        from openforge.gateway.server import Gateway
+        from openforge.store import Store
+
+        cfg = self.config
+        started = time.monotonic()
+        environment = build_plugin("environment", cfg.environment, cfg.environment_options)
+        tasks = select_tasks(cfg, list(environment.tasks(cfg.split)))
+        done = {(r.task_id, r.attempt) for r in self.records}
+        pending = [(t, a) for t in tasks for a in range(cfg.k) if (t.id, a) not in done]
+        # Build harness and reward once here so that bad options fail now, in one line,
+        # rather than as an infra failure in every sandbox.
+        for kind, name, options in (("harness", cfg.harness, cfg.harness_options),
+                                    ("reward", cfg.reward, cfg.reward_options)):
+            try:
+                build_plugin(kind, name, options)
+            except OpenforgeError:
+                raise
+            except Exception as exc:
+                raise RunError(f"{kind} '{name}' cannot be built from its options: "
+                               f"{type(exc).__name__}: {exc}") from None
+        executor: Executor = build_plugin("executor", cfg.executor, cfg.executor_options)
+        self._header(executor, tasks, len(pending))
+        store = Store(self.run_dir / STORE_FILE)
+        gateway = Gateway(cfg.gateway, cfg.engine, store)
+        self._results_file = open_results_for_append(self.run_dir / RESULTS_FILE)
+        semaphore = asyncio.Semaphore(cfg.concurrency)
+        progress = Progress(TextColumn("[bold]rollouts"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[stats]}"), TimeElapsedColumn(),
+                            TextColumn("ETA"), TimeRemainingColumn(), console=self.console,
+                            transient=False)
+        try:
+            with self.console.status("starting the gateway and engine..."):
+                await gateway.start()
+            self.console.print(f"gateway: {gateway.url}")
+            total = len(tasks) * cfg.k
+            with progress:
+                bar: TaskID = progress.add_task("rollouts", total=total, completed=len(done),
+                                                stats=self._stats())
+
+                async def one(task: Task, attempt: int) -> None:
+                    async with semaphore:
+                        record = await self._attempt(gateway, executor, task, attempt)
+                    self._write_record(record)
+                    self.attempts_run += 1
+                    progress.update(bar, advance=1, stats=self._stats())
+
+                jobs = [asyncio.create_task(one(t, a)) for t, a in pending]
+                try:
+                    await asyncio.gather(*jobs)
+                except BaseException:
+                    # Ctrl-C or a failure: stop the others (their executors kill the sandboxes).
+                    for job in jobs:
+                        job.cancel()
+                    await asyncio.gather(*jobs, return_exceptions=True)
+                    raise
+        finally:
+            self._results_file.close()
+            await executor.close()
+            await gateway.stop()
+            environment.close()
+            store.close()
+        from openforge.report import write_report
+
+        paths = write_report(self.run_dir)
+        metrics = summarize([r.outcome() for r in self.records], cfg.k, [t.id for t in tasks])
+        self.print_summary(metrics, paths)
+        return RunSummary(run_id=self.run_id, run_dir=self.run_dir, metrics=metrics,
+                          report_paths=paths, attempts_run=self.attempts_run,
+                          elapsed_s=time.monotonic() - started)
+
+    def print_summary(self, metrics: MetricsSummary, paths: list[Path]) -> None:
+        tasks = Table("task", "attempts", "passed", "infra", "mean reward", box=None,
+                      title="per task")
+        shown = metrics.rows[:_TABLE_ROWS]
+        for row in shown:
+            mean = "-" if row.mean_reward is None else f"{row.mean_reward:.2f}"
+            tasks.add_row(row.task_id, str(row.n), str(row.passed), str(row.infra_failures), mean)
+        self.console.print(tasks)
+        if len(metrics.rows) > len(shown):
+            self.console.print(f"... and {len(metrics.rows) - len(shown)} more tasks in the report")
+        table = Table("k", "pass@k", "pass^k", box=None, title="pass@k")
+        for k in sorted(metrics.pass_at):
+            table.add_row(str(k), f"{metrics.pass_at[k]:.3f}", f"{metrics.pass_hat[k]:.3f}")
+        self.console.print(table)
+        mean = "-" if metrics.mean_reward is None else f"{metrics.mean_reward:.3f}"
+        self.console.print(f"{metrics.scored} scored attempts, {metrics.passed} passed, "
+                           f"{metrics.infra_failures} infra failures (excluded), mean reward {mean}")
+        for path in paths:
+            self.console.print(f"report: {path}")
+
+
+def prepare_run_dir(config: RunConfig, resume: Path | None) -> tuple[RunConfig, Path]:
+    """Create the run directory (or reopen it for `--resume`) and write config.yaml."""
+    if resume is not None:
+        run_dir = resume.resolve()
+        config = load_run_dir_config(run_dir)
+        config = config.model_copy(update={"run_id": config.run_id or run_dir.name})
+        return config, run_dir
+    run_id = config.run_id or new_run_id()
+    run_dir = (Path(config.runs_dir) / run_id).resolve()
+    if (run_dir / RESULTS_FILE).exists():
+        raise RunError(f"{run_dir} already holds a run; use --resume {run_dir} to finish it, "
+                       "or choose another run_id")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = config.model_copy(update={"run_id": run_id})
+    (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    return config, run_dir
+
+
+async def _run_cancellable(runner: Runner) -> RunSummary:
+    """Run, turning SIGTERM into the same clean cancellation as Ctrl-C."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    try:
+        if task is not None:
+            loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    except (NotImplementedError, RuntimeError):
+        pass
+    try:
+        return await runner.run()
+    finally:
+        try:
+            loop.remove_signal_handler(signal.SIGTERM)
+        except (NotImplementedError, RuntimeError):
+            pass
+
+
+def run_from_config(config: RunConfig, resume: Path | None = None,
+                    console: Console | None = None) -> RunSummary:
+    """`openforge run`: run (or resume) tasks x k attempts and write the report."""
+    config, run_dir = prepare_run_dir(config, resume)
+    runner = Runner(config, run_dir, console)
+    try:
+        return asyncio.run(_run_cancellable(runner))
+    except OpenforgeError:
+        if resume is None and not read_results(run_dir):
+            # Nothing ran (bad task id, engine cannot start...): leave no empty run behind.
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        done = len(runner.records)
+        raise RunInterrupted(
+            f"interrupted after {done} finished attempts; nothing was lost. Resume with: "
+            f"openforge run --resume {run_dir}") from None
+
+
+def results_as_json(run_dir: Path) -> list[dict[str, Any]]:
+    """results.jsonl as plain dicts (for reports and tests)."""
+    return [json.loads(r.model_dump_json()) for r in read_results(run_dir)]

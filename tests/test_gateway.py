@@ -1,0 +1,490 @@
+"""The gateway app over real HTTP: recording, branches, auth, admin API, limits, failures.
+
+A real uvicorn server on a free 127.0.0.1 port, the scripted engine on the tiny Qwen3
+tokenizer, a real SQLite store. Clients are the official `openai` SDK where the behaviour
+is about a harness's view, and plain httpx where the test needs raw status codes/headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+from fixtures_model import tiny_bundle  # noqa: F401  (pytest fixture)
+
+from openforge import plugins
+from openforge.config import EngineConfig, GatewayConfig
+from openforge.gateway.conversation import Completion, Message
+from openforge.gateway.engines.base import Engine, GenerateRequest, GenerateResult
+from openforge.gateway.render import ModelBundle
+from openforge.gateway.server import Gateway
+from openforge.store import Store
+from openforge.types import Call, Session
+
+SHELL = {"type": "function", "function": {
+    "name": "shell", "description": "Run a shell command.",
+    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}},
+                   "required": ["cmd"]}}}
+
+
+def tool_replies(n_tools: int, final: str = "All done.") -> list[dict[str, Any]]:
+    return ([{"tool_calls": [{"name": "shell", "arguments": {"cmd": f"step {i}"}}]}
+             for i in range(n_tools)] + [{"content": final}])
+
+
+async def start_gateway(store: Store, bundle: ModelBundle, **options: Any) -> Gateway:
+    gw_options = {k[3:]: options.pop(k) for k in list(options) if k.startswith("gw_")}
+    engine = plugins.create("engine", "scripted", model=bundle, **options)
+    gateway = Gateway(GatewayConfig(**gw_options), EngineConfig(name="scripted"), store,
+                      engine=engine, bundle=bundle)
+    await gateway.start()
+    return gateway
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    s = Store(tmp_path / "gw.sqlite")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+async def gateway(store: Store, tiny_bundle: ModelBundle) -> AsyncIterator[Gateway]:  # noqa: F811
+    gw = await start_gateway(store, tiny_bundle, replies=tool_replies(9))
+    yield gw
+    await gw.stop()
+
+
+def client(gw: Gateway, session: Session, **kw: Any) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=gw.session_url(session), api_key=session.token, **kw)
+
+
+def anthropic_client(gw: Gateway, session: Session) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=f"{gw.url}/s/{session.token}",
+                                    api_key=session.token, max_retries=0)
+
+
+async def run_tool_conversation(c: openai.AsyncOpenAI, first: str, max_turns: int = 20
+                                ) -> list[dict[str, Any]]:
+    """Drive a harness-like tool loop until the model answers without tool calls."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."},
+                                      {"role": "user", "content": first}]
+    for _ in range(max_turns):
+        r = await c.chat.completions.create(model="policy", messages=messages, tools=[SHELL])
+        msg = r.choices[0].message
+        if not msg.tool_calls:
+            messages.append({"role": "assistant", "content": msg.content})
+            return messages
+        assert r.choices[0].finish_reason == "tool_calls"
+        messages.append({"role": "assistant", "content": msg.content or "",
+                         "tool_calls": [tc.model_dump() for tc in msg.tool_calls]})
+        for tc in msg.tool_calls:
+            cmd = json.loads(tc.function.arguments)["cmd"]
+            messages.append({"role": "tool", "tool_call_id": tc.id, "content": f"ran {cmd}"})
+    raise AssertionError("the conversation did not end")
+
+
+def assert_matches_engine_log(gw: Gateway, calls: list[Call]) -> None:
+    """Every recorded call holds exactly what the engine received and produced."""
+    by_id = {e.request_id: e for e in gw.engine.log}
+    for call in calls:
+        if call.status != "ok":
+            continue
+        entry = by_id[call.id]
+        assert call.prompt_ids == entry.prompt_ids
+        assert call.completion_ids == entry.completion_ids
+        assert call.logprobs == entry.logprobs
+        assert len(call.logprobs) == len(call.completion_ids)
+
+
+# --- recording and branches ---------------------------------------------------------------
+
+
+async def test_ten_turn_tool_conversation_stays_on_one_branch(gateway: Gateway, store: Store) -> None:
+    session = gateway.open_session(run_id="run1", task_id="t1")
+    messages = await run_tool_conversation(client(gateway, session), "do ten steps")
+    assert messages[-1]["content"] == "All done."
+    calls = store.list_calls(session.id)
+    assert len(calls) == 10
+    assert [c.index for c in calls] == list(range(10))
+    assert {c.branch for c in calls} == {0} and all(c.branch_reason is None for c in calls)
+    for prev, call in zip(calls, calls[1:], strict=False):
+        context = prev.prompt_ids + prev.completion_ids
+        assert call.prompt_ids[:len(context)] == context  # token-for-token extension
+        assert len(call.prompt_ids) > len(context)
+    assert_matches_engine_log(gateway, calls)
+    first = calls[0]
+    assert first.dialect == "chat" and first.status == "ok" and first.exact_tokens
+    assert first.finish_reason == "tool_calls" and calls[-1].finish_reason == "stop"
+    assert first.weight_version == "scripted"
+    assert first.request["messages"][1]["content"] == "do ten steps"
+    assert first.response is not None and first.response["choices"][0]["message"]["tool_calls"]
+    assert len(first.body_digest) == 64 and first.started_at <= first.finished_at
+
+
+async def test_rewritten_history_opens_exactly_one_branch(gateway: Gateway, store: Store) -> None:
+    session = gateway.open_session()
+    c = client(gateway, session)
+    messages = [{"role": "system", "content": "You are an agent."},
+                {"role": "user", "content": "start"}]
+    for _ in range(3):
+        r = await c.chat.completions.create(model="policy", messages=messages, tools=[SHELL])
+        tc = r.choices[0].message.tool_calls[0]
+        messages += [{"role": "assistant", "content": "", "tool_calls": [tc.model_dump()]},
+                     {"role": "tool", "tool_call_id": tc.id, "content": "ok"}]
+    # Compaction: the harness drops the middle of its history and carries on twice.
+    rewritten = messages[:2] + [{"role": "user", "content": "summary: three steps ran"}]
+    for _ in range(2):
+        r = await c.chat.completions.create(model="policy", messages=rewritten, tools=[SHELL])
+        tc = r.choices[0].message.tool_calls[0]
+        rewritten += [{"role": "assistant", "content": "", "tool_calls": [tc.model_dump()]},
+                      {"role": "tool", "tool_call_id": tc.id, "content": "ok"}]
+    calls = store.list_calls(session.id)
+    assert [c.branch for c in calls] == [0, 0, 0, 1, 1]
+    assert calls[3].branch_reason == "history_rewritten"
+    assert_matches_engine_log(gateway, calls)
+
+
+async def test_restart_rebuilds_branch_state_from_the_store(
+        store: Store, tiny_bundle: ModelBundle) -> None:  # noqa: F811
+    gw = await start_gateway(store, tiny_bundle, replies=tool_replies(9))
+    session = gw.open_session()
+    messages = [{"role": "system", "content": "You are an agent."},
+                {"role": "user", "content": "go"}]
+    c = client(gw, session)
+    for _ in range(2):
+        r = await c.chat.completions.create(model="policy", messages=messages, tools=[SHELL])
+        tc = r.choices[0].message.tool_calls[0]
+        messages += [{"role": "assistant", "content": "", "tool_calls": [tc.model_dump()]},
+                     {"role": "tool", "tool_call_id": tc.id, "content": "ok"}]
+    await gw.stop()
+    # A new gateway process on the same store knows nothing but what the store holds.
+    gw2 = await start_gateway(store, tiny_bundle, replies=tool_replies(9))
+    try:
+        c2 = openai.AsyncOpenAI(base_url=f"{gw2.url}/s/{session.token}/v1", api_key=session.token)
+        await c2.chat.completions.create(model="policy", messages=messages, tools=[SHELL])
+    finally:
+        await gw2.stop()
+    calls = store.list_calls(session.id)
+    assert [c.index for c in calls] == [0, 1, 2]
+    assert [c.branch for c in calls] == [0, 0, 0]
+    context = calls[1].prompt_ids + calls[1].completion_ids
+    assert calls[2].prompt_ids[:len(context)] == context
+
+
+# --- auth ---------------------------------------------------------------------------------
+
+
+async def test_a_token_reaches_only_its_own_session(gateway: Gateway, store: Store) -> None:
+    a, b = gateway.open_session(), gateway.open_session()
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    async with httpx.AsyncClient(base_url=gateway.url) as h:
+        ok = await h.post(f"/s/{a.token}/v1/chat/completions", json=body)
+        assert ok.status_code == 200
+        # A's path with B's key, an unknown token, no key on /v1: the very same 401.
+        answers = [
+            await h.post(f"/s/{a.token}/v1/chat/completions", json=body,
+                         headers={"authorization": f"Bearer {b.token}"}),
+            await h.post("/s/not-a-token/v1/chat/completions", json=body),
+            await h.post("/v1/chat/completions", json=body),
+            await h.post("/v1/chat/completions", json=body, headers={"x-api-key": "nope"}),
+        ]
+        assert {r.status_code for r in answers} == {401}
+        assert len({r.content for r in answers}) == 1
+        assert answers[0].json()["error"]["type"] == "authentication_error"
+        # The key alone works on /v1 (Authorization or x-api-key).
+        via_key = await h.post("/v1/chat/completions", json=body,
+                               headers={"x-api-key": b.token})
+        assert via_key.status_code == 200
+        # Results: a token writes its own session's result only.
+        result = {"rollout_id": "r1", "status": "ok", "final_answer": "42"}
+        assert (await h.post(f"/s/{a.token}/result", json=result)).status_code == 200
+        assert (await h.post(f"/s/{a.token}/result", json={"status": "bogus"})).status_code == 422
+        assert (await h.post("/s/nope/result", json=result)).status_code == 401
+        # Closing a session revokes its token at once.
+        admin = {"authorization": f"Bearer {gateway.admin_key}"}
+        assert (await h.post(f"/admin/sessions/{a.id}/close", headers=admin)).status_code == 200
+        closed = await h.post(f"/s/{a.token}/v1/chat/completions", json=body)
+        assert closed.status_code == 401 and closed.content == answers[0].content
+        # In process, as the runner does it.
+        assert gateway.close_session(b.id) is not None
+        assert (await h.post("/v1/chat/completions", json=body,
+                             headers={"x-api-key": b.token})).status_code == 401
+        assert gateway.close_session("no-such-session") is None
+    saved = store.get_result(a.id)
+    assert saved is not None and saved.final_answer == "42"
+    assert store.get_result(b.id) is None
+    assert len(store.list_calls(a.id)) == 1 and len(store.list_calls(b.id)) == 1
+
+
+async def test_anthropic_style_base_url_and_errors(gateway: Gateway) -> None:
+    session = gateway.open_session()
+    body = {"model": "claude-x", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+    async with httpx.AsyncClient(base_url=gateway.url) as h:
+        # Claude Code: ANTHROPIC_BASE_URL=.../s/TOKEN, it appends /v1/messages?beta=true.
+        r = await h.post(f"/s/{session.token}/v1/messages?beta=true", json=body,
+                         headers={"x-api-key": session.token, "anthropic-version": "2023-06-01"})
+        assert r.status_code == 200 and r.json()["type"] == "message"
+        assert r.json()["model"] == "claude-x"  # any model name is accepted and echoed
+        bad = await h.post(f"/s/{session.token}/v1/messages", json=body,
+                           headers={"x-api-key": "someone-else"})
+        assert bad.status_code == 401 and bad.json()["type"] == "error"
+        n = await h.post(f"/s/{session.token}/v1/messages/count_tokens",
+                         json={"model": "x", "messages": [{"role": "user", "content": "hi"}]})
+        assert n.status_code == 200 and n.json()["input_tokens"] > 0
+
+
+async def test_admin_api_needs_the_key_and_manages_sessions(gateway: Gateway, store: Store) -> None:
+    admin = {"authorization": f"Bearer {gateway.admin_key}"}
+    async with httpx.AsyncClient(base_url=gateway.url) as h:
+        for method, path in [("POST", "/admin/sessions"), ("GET", "/admin/sessions"),
+                             ("GET", "/admin/health"), ("POST", "/admin/pause"),
+                             ("POST", "/admin/resume"), ("POST", "/admin/sessions/x/close"),
+                             ("GET", "/admin/sessions/x/calls")]:
+            for headers in ({}, {"authorization": "Bearer wrong"}):
+                r = await h.request(method, path, headers=headers)
+                assert r.status_code == 401, (method, path)
+        opened = await h.post("/admin/sessions", headers=admin,
+                              json={"run_id": "r9", "task_id": "t", "sampling": {"temperature": 0.5},
+                                    "metadata": {"k": 1}})
+        assert opened.status_code == 200
+        info = opened.json()
+        assert info["base_url"] == f"{gateway.url}/s/{info['token']}/v1"
+        assert (await h.post("/admin/sessions", headers=admin, json={"nope": 1})).status_code == 422
+        c = openai.AsyncOpenAI(base_url=info["base_url"], api_key=info["token"])
+        await c.chat.completions.create(model="p", messages=[{"role": "user", "content": "x"}])
+        listed = (await h.get("/admin/sessions", params={"run_id": "r9"}, headers=admin)).json()
+        assert [s["id"] for s in listed["sessions"]] == [info["id"]]
+        calls = (await h.get(f"/admin/sessions/{info['id']}/calls", headers=admin)).json()["calls"]
+        assert len(calls) == 1 and calls[0]["sampling"]["temperature"] == 0.5
+        r = await h.post(f"/admin/sessions/{info['id']}/reward", headers=admin,
+                         json={"reward": 0.75, "details": {"checks": 2}})
+        assert r.status_code == 200
+        assert (await h.post("/admin/sessions/none/reward", headers=admin,
+                             json={"reward": 1})).status_code == 404
+        health = (await h.get("/admin/health", headers=admin)).json()
+        assert health["ok"] and health["cached_token_bytes"] > 0
+        closed = await h.post(f"/admin/sessions/{info['id']}/close", headers=admin)
+        assert closed.json()["status"] == "closed"
+    stored = store.get_session(info["id"])
+    assert stored is not None and stored.reward == 0.75 and stored.metadata == {"k": 1}
+
+
+async def test_models_routes(gateway: Gateway) -> None:
+    session = gateway.open_session()
+    c = client(gateway, session)
+    models = await c.models.list()
+    assert [m.id for m in models.data] == ["policy"]
+    assert (await c.models.retrieve("policy")).id == "policy"
+    with pytest.raises(openai.NotFoundError):
+        await c.models.retrieve("gpt-9")
+
+
+# --- pause, limits, bad input ---------------------------------------------------------------
+
+
+async def test_pause_answers_429_with_retry_after_until_resume(gateway: Gateway) -> None:
+    session = gateway.open_session()
+    admin = {"authorization": f"Bearer {gateway.admin_key}"}
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    msgs = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    async with httpx.AsyncClient(base_url=f"{gateway.url}/s/{session.token}/v1") as h:
+        r = await h.post(f"{gateway.url}/admin/pause", json={"retry_after": 7}, headers=admin)
+        assert r.json() == {"paused": True, "retry_after": 7}
+        r = await h.post("/chat/completions", json=chat)
+        assert r.status_code == 429 and r.headers["retry-after"] == "7"
+        assert r.json()["error"]["type"] == "rate_limit_error"
+        r = await h.post("/messages", json=msgs)
+        assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+        assert (await h.post(f"{gateway.url}/admin/resume", headers=admin)).status_code == 200
+        assert (await h.post("/chat/completions", json=chat)).status_code == 200
+
+
+async def test_sdk_waits_out_a_pause(gateway: Gateway) -> None:
+    session = gateway.open_session()
+    gateway.pause(retry_after_s=1)
+    c = client(gateway, session, max_retries=3)
+    asyncio.get_running_loop().call_later(0.3, gateway.resume)
+    r = await c.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}])
+    assert r.choices[0].message is not None
+
+
+async def test_oversized_body_is_413(store: Store, tiny_bundle: ModelBundle) -> None:  # noqa: F811
+    gw = await start_gateway(store, tiny_bundle, replies=[{"content": "ok"}], gw_max_body_bytes=2000)
+    try:
+        session = gw.open_session()
+        big = {"model": "m", "messages": [{"role": "user", "content": "x" * 5000}]}
+        async with httpx.AsyncClient(base_url=gw.url) as h:
+            r = await h.post(f"/s/{session.token}/v1/chat/completions", json=big)
+            assert r.status_code == 413 and "2000 bytes" in r.json()["error"]["message"]
+
+            async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: counted as it streams
+                for _ in range(10):
+                    yield b" " * 500
+
+            r = await h.post(f"/s/{session.token}/v1/messages", content=chunks())
+            assert r.status_code == 413 and r.json()["type"] == "error"
+            r = await h.post("/admin/sessions", content=b"{" + b" " * 3000 + b"}",
+                             headers={"authorization": f"Bearer {gw.admin_key}"})
+            assert r.status_code == 413
+        assert store.list_calls(session.id) == []
+    finally:
+        await gw.stop()
+
+
+@pytest.mark.parametrize("route,body", [
+    ("chat/completions", b"{not json"),
+    ("chat/completions", b""),
+    ("chat/completions", b"[1, 2]"),
+    ("chat/completions", b'{"messages": "hi"}'),
+    ("chat/completions", b'{"messages": []}'),
+    ("completions", b'{"prompt": 5}'),
+    ("responses", b'{"input": 5}'),
+    ("messages", b'{"messages": [{"role": "user", "content": "x"}]}'),  # no max_tokens
+    ("messages", b"\xff\xfe"),
+    ("chat/completions", b'{"messages": [{"role": "tool", "tool_call_id": "x", "content": "r"}]}'),
+])
+async def test_malformed_bodies_are_4xx_in_the_dialects_format(
+        gateway: Gateway, store: Store, route: str, body: bytes) -> None:
+    session = gateway.open_session()
+    async with httpx.AsyncClient(base_url=f"{gateway.url}/s/{session.token}/v1") as h:
+        r = await h.post(f"/{route}", content=body, headers={"content-type": "application/json"})
+    assert 400 <= r.status_code < 500, r.text
+    payload = r.json()
+    if route == "messages":
+        assert payload["type"] == "error" and payload["error"]["message"]
+    else:
+        assert payload["error"]["message"]
+    assert store.list_calls(session.id) == []
+
+
+# --- engine failures, keep-alive, disconnects -------------------------------------------------
+
+
+async def test_engine_errors_are_503_and_each_retry_is_recorded_once(
+        store: Store, tiny_bundle: ModelBundle) -> None:  # noqa: F811
+    gw = await start_gateway(store, tiny_bundle, entries=[
+        {"match": "explode", "replies": [{"error": "GPU on fire", "status": 503}]},
+        {"replies": [{"content": "fine"}]}])
+    try:
+        session = gw.open_session()
+        c = client(gw, session, max_retries=2)
+        with pytest.raises(openai.InternalServerError) as info:
+            await c.chat.completions.create(model="p", messages=[{"role": "user", "content": "explode"}])
+        assert info.value.status_code == 503 and "GPU on fire" in str(info.value)
+        r = await c.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}])
+        assert r.choices[0].message.content == "fine"
+        # Streaming: a failure before the first keep-alive is still a proper status.
+        async with httpx.AsyncClient(base_url=gw.url) as h:
+            s = await h.post(f"/s/{session.token}/v1/messages", json={
+                "model": "m", "max_tokens": 9, "stream": True,
+                "messages": [{"role": "user", "content": "explode"}]})
+            assert s.status_code == 503 and s.json()["error"]["type"] == "overloaded_error"
+    finally:
+        await gw.stop()
+    calls = store.list_calls(session.id)
+    assert [(c.status, c.retry_count) for c in calls] == [
+        ("failed", 0), ("failed", 1), ("failed", 2), ("ok", 0), ("failed", 0)]
+    assert all("GPU on fire" in (c.error or "") for c in calls if c.status == "failed")
+    assert calls[0].completion_ids == [] and calls[0].prompt_ids
+    assert len({c.id for c in calls}) == 5
+
+
+async def test_keepalive_comments_while_the_engine_is_slow(
+        store: Store, tiny_bundle: ModelBundle) -> None:  # noqa: F811
+    gw = await start_gateway(store, tiny_bundle, replies=[{"content": "slow answer"}],
+                             delay_s=0.5, gw_keepalive_s=0.1)
+    try:
+        session = gw.open_session()
+        async with httpx.AsyncClient(base_url=gw.url) as h:
+            r = await h.post(f"/s/{session.token}/v1/chat/completions", json={
+                "model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200
+        text = r.text
+        assert text.startswith(": keep-alive\n\n") and text.count(": keep-alive") >= 2
+        assert "slow answer" in "".join(
+            json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+            for line in text.splitlines()
+            if line.startswith("data: {") and json.loads(line[6:])["choices"])
+        assert text.rstrip().endswith("data: [DONE]")
+        assert len(store.list_calls(session.id)) == 1
+    finally:
+        await gw.stop()
+
+
+async def test_a_client_that_disconnects_cancels_and_leaves_no_record(
+        store: Store, tiny_bundle: ModelBundle) -> None:  # noqa: F811
+    gw = await start_gateway(store, tiny_bundle, replies=[{"content": "never seen"}],
+                             delay_s=1.0, gw_keepalive_s=0.1)
+    try:
+        session = gw.open_session()
+        base = f"/s/{session.token}/v1"
+        async with httpx.AsyncClient(base_url=gw.url) as h:
+            # Streaming: read the first keep-alive, then hang up.
+            async with h.stream("POST", f"{base}/chat/completions", json={
+                    "model": "m", "stream": True,
+                    "messages": [{"role": "user", "content": "a"}]}) as r:
+                async for chunk in r.aiter_bytes():
+                    assert chunk.startswith(b": keep-alive")
+                    break
+            # Not streaming: give up before the engine answers.
+            with pytest.raises(httpx.ReadTimeout):
+                await h.post(f"{base}/chat/completions", timeout=0.3, json={
+                    "model": "m", "messages": [{"role": "user", "content": "b"}]})
+        await asyncio.sleep(1.2)  # long enough for an uncancelled generation to finish
+        assert store.list_calls(session.id) == []
+        assert len(gw.engine.log) == 0  # both generations were cancelled mid-way
+    finally:
+        await gw.stop()
+
+
+async def test_a_failure_after_the_stream_started_ends_it_with_an_error_event(
+        store: Store, tiny_bundle: ModelBundle) -> None:  # noqa: F811
+    gw = await start_gateway(store, tiny_bundle, replies=[{"error": "engine lost", "status": 502}],
+                             delay_s=0.3, gw_keepalive_s=0.05)
+    try:
+        session = gw.open_session()
+        c = anthropic_client(gw, session)
+        with pytest.raises(anthropic.APIStatusError, match="engine lost"):
+            async with c.messages.stream(model="m", max_tokens=9,
+                                         messages=[{"role": "user", "content": "hi"}]) as s:
+                await s.get_final_message()
+    finally:
+        await gw.stop()
+    calls = store.list_calls(session.id)
+    assert [(c.status, c.dialect) for c in calls] == [("failed", "messages")]
+
+
+class TextOnlyEngine(Engine):
+    """A hosted-provider-like engine: it answers text, no token ids (like litellm)."""
+
+    exact_tokens = False
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        return GenerateResult(completion=Completion(
+            message=Message(role="assistant", content="hosted answer")))
+
+
+async def test_text_only_engines_are_recorded_as_inexact(
+        store: Store, tiny_bundle: ModelBundle) -> None:  # noqa: F811
+    gw = Gateway(GatewayConfig(), EngineConfig(name="text"), store,
+                 engine=TextOnlyEngine(model=tiny_bundle), bundle=tiny_bundle)
+    await gw.start()
+    try:
+        session = gw.open_session()
+        r = await client(gw, session).chat.completions.create(
+            model="p", messages=[{"role": "user", "content": "hi"}])
+        assert r.choices[0].message.content == "hosted answer"
+    finally:
+        await gw.stop()
+    (call,) = store.list_calls(session.id)
+    assert call.status == "ok" and not call.exact_tokens
+    assert call.completion_ids == tiny_bundle.encode("hosted answer")
+    assert call.logprobs == [0.0] * len(call.completion_ids)

@@ -1,0 +1,329 @@
+"""Rendering and the per-session token cache, on the real Qwen3 tokenizer of the tiny model."""
+
+# ruff: noqa: F811  (pytest fixtures imported from fixtures_model are re-bound as arguments)
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from fixtures_model import SHELL_TOOL, chat, shell_call, tiny_bundle  # noqa: F401
+
+from openforge.gateway.conversation import Message, ToolCall
+from openforge.gateway.render import (
+    BRANCH_CONCURRENT,
+    BRANCH_HISTORY_REWRITTEN,
+    BRANCH_NEW_CONVERSATION,
+    BRANCH_RETRY,
+    BRANCH_SIDE_CALL,
+    BRANCH_TEMPLATE_REWRITE,
+    ModelBundle,
+    SessionTokens,
+    assistant_turn_ids,
+    load_model_bundle,
+)
+
+SYSTEM = Message(role="system", content="You are a coding agent.")
+USER = Message(role="user", content="Count the lines of every file.")
+
+
+def _turn(tokens: SessionTokens, bundle: ModelBundle, messages: list[Message],
+          reply: Message, tools=(SHELL_TOOL,)):
+    """One call: render, 'generate' the reply's exact template tokens, parse, commit."""
+    request = chat(messages, list(tools))
+    rendered = tokens.render(request)
+    completion = assistant_turn_ids(bundle, messages, reply, list(tools))
+    assistant, finish = tokens.parse(request, rendered.prompt_ids, completion)
+    tokens.commit(request, rendered, completion, assistant)
+    return rendered, completion, assistant, finish
+
+
+def _tool_conversation(tokens, bundle, turns):
+    messages = [SYSTEM, USER]
+    calls = []
+    for i in range(turns):
+        reply = Message(role="assistant", reasoning=f"step {i}", content="",
+                        tool_calls=[shell_call(f"x{i}", f"wc -l file{i}.txt")])
+        rendered, completion, assistant, finish = _turn(tokens, bundle, messages, reply)
+        calls.append((rendered, completion))
+        assert finish == "tool_calls"
+        # The harness echoes the assistant turn (ids of its own choosing, reasoning dropped).
+        echoed = assistant.model_copy(update={"reasoning": None, "tool_calls": [
+            c.model_copy(update={"id": f"harness_{i}"}) for c in assistant.tool_calls]})
+        messages = [*messages, echoed,
+                    Message(role="tool", content=f"{i + 3} file{i}.txt", tool_call_id=f"harness_{i}")]
+    return messages, calls
+
+
+def test_hello_world_ids(tiny_bundle):
+    assert tiny_bundle.encode("hello world") == [14990, 1879]
+    assert tiny_bundle.stop_token_ids[0] == tiny_bundle.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert tiny_bundle.renderer_name == "qwen3"
+    assert load_model_bundle("tiny") is tiny_bundle  # cached in process
+
+
+def test_ten_turn_tool_conversation_extends_token_for_token(tiny_bundle):
+    tokens = SessionTokens(tiny_bundle)
+    _, calls = _tool_conversation(tokens, tiny_bundle, 10)
+    assert len(tokens.branches) == 1
+    assert all(r.branch == 0 for r, _ in calls)
+    assert calls[0][0].branch_reason is None and not calls[0][0].bridged
+    for (prev, prev_completion), (cur, _) in zip(calls, calls[1:], strict=False):
+        previous = prev.prompt_ids + prev_completion
+        assert cur.bridged
+        assert cur.prompt_ids[:len(previous)] == previous
+        assert len(cur.prompt_ids) > len(previous)
+
+
+def test_bridge_equals_full_render_when_the_harness_echoes_verbatim(tiny_bundle):
+    tokens = SessionTokens(tiny_bundle)
+    messages = [SYSTEM, USER]
+    for i in range(4):
+        reply = Message(role="assistant", reasoning=f"step {i}", content=f"Running {i}.",
+                        tool_calls=[shell_call(f"x{i}", f"cat f{i}")])
+        rendered, _, assistant, _ = _turn(tokens, tiny_bundle, messages, reply)
+        if i:
+            # Within one tool cycle Qwen3 keeps reasoning: the gateway's reused ids are
+            # exactly what a fresh render of the echoed history gives.
+            assert rendered.bridged
+            assert rendered.prompt_ids == tokens._full_render(chat(messages, [SHELL_TOOL]))
+        messages = [*messages, assistant,
+                    Message(role="tool", content="ok", tool_call_id=assistant.tool_calls[0].id)]
+
+
+def test_fast_tokenizer_renders_the_same_ids_as_transformers(tiny_bundle):
+    from renderers import Qwen3RendererConfig, create_renderer
+
+    from openforge.gateway.render import _CHECK_CONVERSATIONS
+
+    hf = tiny_bundle.tokenizer._hf
+    reference = create_renderer(hf, Qwen3RendererConfig())
+    for _, tools, messages in _CHECK_CONVERSATIONS:
+        specs = [t.to_renderer() for t in tools] or None
+        dicts = [m.to_renderer() for m in messages]
+        for k in range(1, len(dicts) + 1):
+            assert tiny_bundle.renderer.render_ids(dicts[:k], tools=specs, add_generation_prompt=True) \
+                == reference.render_ids(dicts[:k], tools=specs, add_generation_prompt=True)
+    text = "héllo <tool_call>\n{\"a\": 1}</tool_call><|im_end|>  wörld\n\n"
+    assert tiny_bundle.tokenizer.encode(text) == hf.encode(text, add_special_tokens=False)
+    ids = hf.encode(text, add_special_tokens=False)
+    assert tiny_bundle.tokenizer.decode(ids) == hf.decode(ids, skip_special_tokens=False)
+    assert len(tiny_bundle.tokenizer) == len(hf) and tiny_bundle.tokenizer.eos_token == "<|im_end|>"
+
+
+def test_rewritten_history_opens_exactly_one_branch(tiny_bundle):
+    tokens = SessionTokens(tiny_bundle)
+    messages, _ = _tool_conversation(tokens, tiny_bundle, 4)
+    edited = list(messages)
+    edited[3] = edited[3].model_copy(update={"content": "output elided"})  # a tool result
+    rendered = tokens.render(chat(edited, [SHELL_TOOL]))
+    assert (rendered.branch, rendered.branch_reason) == (1, BRANCH_HISTORY_REWRITTEN)
+    completion = assistant_turn_ids(tiny_bundle, edited, Message(role="assistant", content="done"))
+    assistant, finish = tokens.parse(chat(edited, [SHELL_TOOL]), rendered.prompt_ids, completion)
+    assert finish == "stop" and assistant.content == "done"
+    tokens.commit(chat(edited, [SHELL_TOOL]), rendered, completion, assistant)
+    # Continuing the rewritten history extends the new branch; no third branch.
+    nxt = tokens.render(chat([*edited, assistant, Message(role="user", content="thanks")],
+                             [SHELL_TOOL]))
+    assert nxt.branch in (1, 2) and len(tokens.branches) <= 3
+    assert nxt.branch_reason in (None, BRANCH_TEMPLATE_REWRITE)
+    # ... and the original branch is untouched and still extends.
+    orig = tokens.render(chat([*messages, Message(role="tool", content="more", tool_call_id="z")],
+                              [SHELL_TOOL]))
+    assert orig.branch == 0 and orig.bridged
+
+
+def test_retry_of_a_delivered_call(tiny_bundle):
+    tokens = SessionTokens(tiny_bundle)
+    messages, calls = _tool_conversation(tokens, tiny_bundle, 2)
+    first_prompt = calls[-1][0]
+    again = tokens.render(chat(messages[:-2], [SHELL_TOOL]))
+    assert again.branch_reason == BRANCH_RETRY and again.branch == 1
+    assert again.prompt_ids == first_prompt.prompt_ids
+
+
+def test_failed_call_then_retry_stays_on_the_branch(tiny_bundle):
+    tokens = SessionTokens(tiny_bundle)
+    messages, _ = _tool_conversation(tokens, tiny_bundle, 2)
+    failed = tokens.render(chat(messages, [SHELL_TOOL]))  # the engine failed: no commit
+    retried = tokens.render(chat(messages, [SHELL_TOOL]))
+    assert failed.prompt_ids == retried.prompt_ids
+    assert (retried.branch, retried.branch_reason) == (0, None)
+    assert len(tokens.branches) == 1
+
+
+def test_first_call_failing_does_not_shift_branch_numbers(tiny_bundle):
+    tokens = SessionTokens(tiny_bundle)
+    request = chat([SYSTEM, USER], [SHELL_TOOL])
+    tokens.render(request)  # never committed
+    again = tokens.render(request)
+    assert (again.branch, again.branch_reason) == (0, None)
+
+
+def test_title_call_without_tools_is_a_side_call(tiny_bundle):
+    tokens = SessionTokens(tiny_bundle)
+    _tool_conversation(tokens, tiny_bundle, 2)
+    title = tokens.render(chat([Message(role="system", content="Write a 5-word title."), USER]))
+    assert title.branch_reason == BRANCH_SIDE_CALL
+    sub_agent = tokens.render(chat([Message(role="system", content="You are a sub-agent."),
+                                    Message(role="user", content="grep TODO")], [SHELL_TOOL]))
+    assert sub_agent.branch_reason == BRANCH_SIDE_CALL
+
+
+def test_title_call_first_then_main_conversation(tiny_bundle):
+    tokens = SessionTokens(tiny_bundle)
+    title_req = chat([Message(role="system", content="Write a title."), USER])
+    r = tokens.render(title_req)
+    comp = assistant_turn_ids(tiny_bundle, title_req.messages, Message(role="assistant", content="Lines"))
+    tokens.commit(title_req, r, comp, tokens.parse(title_req, r.prompt_ids, comp)[0])
+    main = tokens.render(chat([SYSTEM, USER], [SHELL_TOOL]))
+    assert (main.branch, main.branch_reason) == (1, BRANCH_NEW_CONVERSATION)
+
+
+def test_new_user_turn_after_reasoning_is_a_template_rewrite(tiny_bundle):
+    # Qwen3's template drops past reasoning at a new user query: the old ids cannot be
+    # extended, and the session says why instead of corrupting the branch.
+    tokens = SessionTokens(tiny_bundle)
+    reply = Message(role="assistant", reasoning="think hard", content="4")
+    _, _, assistant, _ = _turn(tokens, tiny_bundle, [USER], reply, tools=())
+    nxt = tokens.render(chat([USER, assistant, Message(role="user", content="and 3+3?")]))
+    assert nxt.branch_reason == BRANCH_TEMPLATE_REWRITE
+
+
+def test_user_turns_bridge_with_thinking_retention_all():
+    bundle = load_model_bundle("tiny", "qwen3", thinking_retention="all")
+    tokens = SessionTokens(bundle)
+    messages = [USER]
+    prev = None
+    for i in range(3):
+        reply = Message(role="assistant", reasoning=f"r{i}", content=str(i))
+        rendered, completion, assistant, _ = _turn(tokens, bundle, messages, reply, tools=())
+        if prev is not None:
+            assert rendered.bridged and rendered.prompt_ids[:len(prev)] == prev
+        prev = rendered.prompt_ids + completion
+        messages = [*messages, assistant, Message(role="user", content=f"next {i}")]
+    assert len(tokens.branches) == 1
+
+
+def test_concurrent_calls_on_one_branch_fork_on_commit(tiny_bundle):
+    tokens = SessionTokens(tiny_bundle)
+    messages, _ = _tool_conversation(tokens, tiny_bundle, 1)
+    req = chat(messages, [SHELL_TOOL])
+    a, b = tokens.render(req), tokens.render(req)
+    reply = Message(role="assistant", content="ok")
+    comp = assistant_turn_ids(tiny_bundle, messages, reply)
+    tokens.commit(req, a, comp, reply)
+    tokens.commit(req, b, comp, reply)
+    assert a.branch == 0 and (b.branch, b.branch_reason) == (1, BRANCH_CONCURRENT)
+
+
+def test_parse_of_a_rendered_tool_call_gives_the_call_back(tiny_bundle):
+    tokens = SessionTokens(tiny_bundle)
+    request = chat([SYSTEM, USER], [SHELL_TOOL])
+    rendered = tokens.render(request)
+    call = ToolCall(id="orig", name="shell", arguments=json.dumps({"cmd": "ls -la", "n": [1, 2]}))
+    reply = Message(role="assistant", reasoning="List first.", content="", tool_calls=[call])
+    completion = assistant_turn_ids(tiny_bundle, request.messages, reply, [SHELL_TOOL])
+    assert completion[-1] == tiny_bundle.stop_token_ids[0]
+    message, finish = tokens.parse(request, rendered.prompt_ids, completion)
+    assert finish == "tool_calls"
+    assert message.reasoning == "List first."
+    assert [(c.name, c.arguments_dict()) for c in message.tool_calls] == [
+        ("shell", {"cmd": "ls -la", "n": [1, 2]})]
+    assert message.tool_calls[0].id.startswith("call_") and message.tool_calls[0].id != "orig"
+
+
+def test_parse_plain_text_strips_stop_tokens(tiny_bundle):
+    tokens = SessionTokens(tiny_bundle)
+    request = chat([USER])
+    rendered = tokens.render(request)
+    completion = tiny_bundle.encode("Hello there.") + [tiny_bundle.stop_token_ids[0]]
+    message, finish = tokens.parse(request, rendered.prompt_ids, completion)
+    assert (message.content, message.tool_calls, finish) == ("Hello there.", [], "stop")
+
+
+def test_raw_prompts_pass_through_and_branch_on_ids(tiny_bundle):
+    tokens = SessionTokens(tiny_bundle)
+    text = chat([], raw_prompt="hello world")
+    r = tokens.render(text)
+    assert (r.prompt_ids, r.branch, r.branch_reason) == ([14990, 1879], 0, None)
+    tokens.commit(text, r, [11, 12], Message(role="assistant", content="x"))
+    ext = tokens.render(chat([], raw_prompt_ids=[14990, 1879, 11, 12, 13]))
+    assert (ext.branch, ext.bridged) == (0, True)
+    other = tokens.render(chat([], raw_prompt_ids=[99, 100]))
+    assert (other.branch, other.branch_reason) == (1, BRANCH_NEW_CONVERSATION)
+    message, _ = tokens.parse(text, r.prompt_ids, tiny_bundle.encode(" ok") + tiny_bundle.stop_token_ids[:1])
+    assert message.content == " ok"
+
+
+def test_memory_per_token(tiny_bundle):
+    tokens = SessionTokens(tiny_bundle)
+    _tool_conversation(tokens, tiny_bundle, 10)
+    assert tokens.num_tokens() > 500
+    assert tokens.nbytes() / tokens.num_tokens() <= 8
+
+
+def test_check_template_reports(tiny_bundle, capsys):
+    from openforge.gateway.render import check_template
+
+    assert check_template("tiny") is False
+    out = capsys.readouterr().out
+    assert "Qwen3Renderer" in out and "is_prefix_stable: False" in out
+    assert "ok  tool loop" in out
+    # Qwen3 drops past reasoning at new user turns: reported, with where and what.
+    assert "BAD chat with reasoning" in out and "re-render rewrites token" in out
+
+
+def test_check_template_cli_exit_code():
+    proc = subprocess.run([sys.executable, "-m", "openforge.cli", "check-template", "tiny",
+                           "--renderer", "nope"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "unknown renderer 'nope'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_unknown_renderer_is_a_clear_error():
+    import pytest
+
+    from openforge.errors import OpenforgeError
+
+    with pytest.raises(OpenforgeError, match="unknown renderer 'nope'"):
+        load_model_bundle("tiny", "nope")
+    with pytest.raises(OpenforgeError, match="cannot load the tokenizer"):
+        load_model_bundle("/nonexistent/model/dir")
+
+
+def test_default_renderer_with_named_parsers():
+    import pytest
+
+    from openforge.errors import OpenforgeError
+    from openforge.gateway.render import _default_config
+
+    config = _default_config("default:hermes:think")
+    assert (config.name, config.tool_parser, config.reasoning_parser) == ("default", "qwen3", "think")
+    with pytest.raises(OpenforgeError, match="unknown tool parser 'xml'"):
+        _default_config("default:xml")
+
+
+def test_images_for_a_text_only_model_are_a_request_error(tiny_bundle):
+    import pytest
+
+    from openforge.gateway.conversation import ImageRef
+
+    tokens = SessionTokens(tiny_bundle)
+    msg = Message(role="user", content="what is this?", images=[ImageRef(url="data:image/png;base64,AA")])
+    with pytest.raises(ValueError, match="text only"):
+        tokens.render(chat([msg]))
+    with pytest.raises(ValueError, match="no messages"):
+        tokens.render(chat([]))
+
+
+def test_parse_never_fails_on_garbage_ids(tiny_bundle):
+    tokens = SessionTokens(tiny_bundle)
+    request = chat([USER], [SHELL_TOOL])
+    rendered = tokens.render(request)
+    tool_call, think_end = 151657, 151668
+    for ids in ([], [tool_call], [think_end, think_end, 5], [tool_call, 90, 91, 151658, 151645],
+                [151645, 151645]):
+        message, finish = tokens.parse(request, rendered.prompt_ids, ids)
+        assert finish in ("stop", "tool_calls") and message.role == "assistant"

@@ -1,0 +1,132 @@
+"""`python -m openforge.rollout SPEC`: statuses, result reporting, and the mini harness on a real gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from executor_plugins import ResultSink
+
+from openforge.config import EngineConfig, GatewayConfig
+from openforge.gateway.server import Gateway
+from openforge.rollout import RESULT_PREFIX, execute
+from openforge.store import Store
+from openforge.types import RolloutResult, RolloutSpec, Task
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def _plugins_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(HERE))
+
+
+@pytest.fixture
+def sink() -> Iterator[ResultSink]:
+    server = ResultSink()
+    yield server
+    server.close()
+
+
+def spec_for(url: str, harness: str, token: str = "tok", **extra: object) -> RolloutSpec:
+    return RolloutSpec(run_id="run", rollout_id="r", task=Task(id="only", prompt="write ok.txt"),
+                       harness=harness, environment="executor_plugins:OneTaskEnv", reward="checker",
+                       gateway_url=url, session_token=token, timeout_s=30, **extra)  # type: ignore[arg-type]
+
+
+def run_rollout(tmp_path: Path, spec: RolloutSpec) -> tuple[subprocess.CompletedProcess[str], RolloutResult]:
+    path = tmp_path / "spec.json"
+    path.write_text(spec.model_dump_json())
+    proc = subprocess.run([sys.executable, "-m", "openforge.rollout", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith(RESULT_PREFIX), proc.stdout + proc.stderr
+    return proc, RolloutResult.model_validate_json(last[len(RESULT_PREFIX):])
+
+
+def test_result_is_posted_and_printed(sink: ResultSink, tmp_path: Path) -> None:
+    _, result = run_rollout(tmp_path, spec_for(sink.url, "executor_plugins:OkHarness"))
+    assert result.status == "ok" and result.reward is not None and result.reward.passed
+    assert sink.results["tok"] == json.loads(result.model_dump_json())
+
+
+def test_unreachable_gateway_falls_back_to_stdout(tmp_path: Path) -> None:
+    proc, result = run_rollout(tmp_path, spec_for("http://127.0.0.1:9", "executor_plugins:OkHarness"))
+    assert result.status == "ok"
+    assert "could not POST" in proc.stderr
+
+
+@pytest.mark.parametrize("harness, expected", [
+    ("executor_plugins:MissingHarness", "harness missing"),
+    ("executor_plugins:NoSuchThing", "building the plugins failed"),
+    ("executor_plugins:CrashHarness", "signal"),
+])
+def test_infra_failures_are_not_scored(sink: ResultSink, tmp_path: Path, harness: str, expected: str) -> None:
+    _, result = run_rollout(tmp_path, spec_for(sink.url, harness))
+    assert result.status == "infra_error" and result.reward is None
+    assert expected in (result.error or "")
+
+
+def test_unreadable_spec_is_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "openforge.rollout", str(tmp_path / "missing.json")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: cannot read rollout spec") and "Traceback" not in proc.stderr
+
+
+@pytest.fixture
+async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
+    script = tmp_path / "script.yaml"
+    script.write_text(yaml.safe_dump([
+        {"match": "loop forever", "replies": [
+            {"tool_calls": [{"name": "shell", "arguments": {"command": "echo again"}}]}]},
+        {"match": "engine down", "replies": [{"error": "engine exploded", "status": 503}]},
+        {"replies": [
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "ok.txt", "content": "ok"}}]},
+            {"content": "Wrote it.\nDone: ok.txt"}]},
+    ]))
+    store = Store(tmp_path / "store.sqlite")
+    gw = Gateway(GatewayConfig(), EngineConfig(name="scripted", options={"script": str(script)}), store)
+    await gw.start()
+    yield gw
+    await gw.stop()
+    store.close()
+
+
+async def _mini(gateway: Gateway, tmp_path: Path, prompt: str, name: str) -> RolloutResult:
+    session = gateway.open_session("run", name, "only")
+    spec = RolloutSpec(run_id="run", rollout_id=name, task=Task(id="only", prompt=prompt),
+                       harness="mini", harness_options={"max_steps": 3},
+                       environment="executor_plugins:OneTaskEnv", reward="checker",
+                       gateway_url=gateway.url, session_token=session.token, timeout_s=60)
+    root = tmp_path / name
+    root.mkdir()
+    # In a thread: the gateway serves the harness from this very event loop.
+    return await asyncio.to_thread(execute, spec, root)
+
+
+async def test_mini_solves_through_the_gateway(gateway: Gateway, tmp_path: Path) -> None:
+    result = await _mini(gateway, tmp_path, "write ok.txt please", "solve")
+    assert result.status == "ok", result.error
+    assert result.reward is not None and result.reward.passed
+    assert result.final_answer == "Done: ok.txt"
+    transcript = result.harness_output["transcript"]
+    assert [m["role"] for m in transcript["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
+
+
+async def test_mini_step_limit_is_a_scored_harness_error(gateway: Gateway, tmp_path: Path) -> None:
+    result = await _mini(gateway, tmp_path, "loop forever", "loop")
+    assert result.status == "harness_error"
+    assert result.reward is not None and result.reward.score == 0.0
+    assert "step limit" in (result.error or "")
+
+
+async def test_mini_with_engine_down_is_an_infra_failure(gateway: Gateway, tmp_path: Path) -> None:
+    result = await _mini(gateway, tmp_path, "engine down", "down")
+    assert result.status == "infra_error" and result.reward is None

@@ -1,0 +1,145 @@
+"""The runner: the half-solving script scores 0.5, infra failures are retried and excluded,
+an interrupted or killed run resumes to exactly k attempts per task."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+
+from openforge.config import EngineConfig, RunConfig
+from openforge.runner import RunError, read_results, run_from_config
+from openforge.store import Store
+
+HERE = Path(__file__).parent
+FULL = HERE / "demo_solutions.yaml"
+HALF = HERE / "demo_half_solutions.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _plugins_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(HERE))
+
+
+def scripted(script: Path) -> EngineConfig:
+    return EngineConfig(name="scripted", options={"script": str(script)})
+
+
+def test_half_solutions_score_half(tmp_path: Path) -> None:
+    summary = run_from_config(RunConfig(engine=scripted(HALF), runs_dir=tmp_path, concurrency=4))
+    assert summary.metrics.pass_at[1] == 0.5
+    assert summary.metrics.scored == 12 and summary.metrics.infra_failures == 0
+
+
+def test_crashing_harness_is_retried_and_excluded(tmp_path: Path) -> None:
+    config = RunConfig(engine=scripted(FULL), runs_dir=tmp_path, harness="executor_plugins:CrashHarness",
+                       environment="executor_plugins:OneTaskEnv", k=2, max_infra_retries=2)
+    summary = run_from_config(config)
+    records = read_results(summary.run_dir)
+    assert [r.status for r in records] == ["infra_error", "infra_error"]
+    assert all(r.tries == 3 and len(set(r.session_ids)) == 3 and r.reward is None for r in records)
+    assert summary.metrics.infra_failures == 2 and summary.metrics.scored == 0
+    assert summary.metrics.pass_at == {}  # never counted as a 0 reward
+    with Store(summary.run_dir / "store.sqlite") as store:
+        assert len(store.list_sessions(summary.run_id)) == 6  # a new session per try
+    report = json.loads((summary.run_dir / "report.json").read_text())
+    assert report["summary"]["infra_failures"] == 2
+
+
+def test_missing_harness_is_an_infra_failure(tmp_path: Path) -> None:
+    config = RunConfig(engine=scripted(FULL), runs_dir=tmp_path, harness="executor_plugins:MissingHarness",
+                       environment="executor_plugins:OneTaskEnv", max_infra_retries=0)
+    records = read_results(run_from_config(config).run_dir)
+    assert records[0].status == "infra_error" and "not installed" in (records[0].error or "")
+
+
+def test_unknown_task_and_bad_resume_dir(tmp_path: Path) -> None:
+    with pytest.raises(RunError, match="unknown task id"):
+        run_from_config(RunConfig(engine=scripted(FULL), runs_dir=tmp_path, tasks=["nope"]))
+    with pytest.raises(RunError, match="not a run directory"):
+        run_from_config(RunConfig(), resume=tmp_path)
+
+
+def _start_run(tmp_path: Path, resume: Path | None = None) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "openforge.cli", "run"]
+    if resume is not None:
+        argv += ["--resume", str(resume)]
+    else:
+        argv += ["--engine", "scripted", "--script", str(FULL), "--runs-dir", str(tmp_path / "runs"),
+                 "-k", "2", "--limit", "2", "--concurrency", "1",
+                 "--set", f"executor_options.base_dir={tmp_path / 'sandboxes'}"]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_results(tmp_path: Path, lines: int, proc: subprocess.Popen[str]) -> Path:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        for path in (tmp_path / "runs").glob("*/results.jsonl"):
+            if len(path.read_text().splitlines()) >= lines:
+                return path.parent
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    raise AssertionError("the run produced no results in time")
+
+
+def _assert_complete(run_dir: Path, tasks: int = 2, k: int = 2) -> None:
+    records = read_results(run_dir)
+    counts = Counter(r.task_id for r in records)
+    assert len(counts) == tasks and set(counts.values()) == {k}
+    assert len({(r.task_id, r.attempt) for r in records}) == tasks * k
+    report = json.loads((run_dir / "report.json").read_text())
+    assert all(row["n"] == k for row in report["tasks"])
+    assert report["pass_at_k"]["1"] == 1.0
+
+
+def _leftovers(tmp_path: Path) -> list[psutil.Process]:
+    marker = str(tmp_path / "sandboxes")
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in " ".join(proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_interrupted_then_killed_run_resumes_to_exactly_k_attempts(tmp_path: Path) -> None:
+    # 1. Ctrl-C: a clean stop, exit 130, and the command to resume.
+    proc = _start_run(tmp_path)
+    run_dir = _wait_for_results(tmp_path, 1, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert f"openforge run --resume {run_dir}" in " ".join(err.split()) and "Traceback" not in err
+    after_interrupt = len(read_results(run_dir))
+    assert 1 <= after_interrupt < 4
+
+    # 2. Resume, then SIGKILL the resumed runner: no clean-up code runs at all.
+    proc = _start_run(tmp_path, resume=run_dir)
+    _wait_for_results(tmp_path, after_interrupt + 1, proc)
+    proc.kill()
+    proc.communicate()
+    deadline = time.monotonic() + 10
+    while _leftovers(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _leftovers(tmp_path) == []  # the sandboxes died with their parent
+    after_kill = len(read_results(run_dir))
+    assert after_interrupt < after_kill
+
+    # 3. Resume to the end: only the missing attempts run, each task has exactly k.
+    # A SIGKILL can tear the last line mid-write: it must be skipped, not glued to the next.
+    with open(run_dir / "results.jsonl", "a") as f:
+        f.write('{"task_id": "torn", "attem')
+    summary = run_from_config(RunConfig(), resume=run_dir)
+    assert summary.attempts_run == 4 - after_kill
+    _assert_complete(run_dir)
+    assert os.path.exists(run_dir / "report.html")
