@@ -6,6 +6,8 @@ torch is pinned to the CPU build 2.13.0 first in every session that needs it: a 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nox
 
 nox.options.sessions = ["lint", "typecheck", "tests"]
@@ -14,7 +16,7 @@ nox.options.reuse_existing_virtualenvs = True
 TORCH = "torch==2.13.0"
 
 
-def install_openforge(session: nox.Session, extras: str = "test") -> None:
+def install_openforge(session: nox.Session, extras: str = "test,kubernetes") -> None:
     session.install("pip>=24", "setuptools>=68", "wheel")
     session.install(TORCH)
     session.install("-e", f".[{extras}]")
@@ -24,7 +26,25 @@ def install_openforge(session: nox.Session, extras: str = "test") -> None:
 def tests(session: nox.Session) -> None:
     """The test suite (unit, integration over real HTTP, property tests)."""
     install_openforge(session)
-    session.run("python", "-m", "pytest", "-q", *session.posargs)
+    # tests/e2e runs the real harness programs (minutes each): `nox -s e2e`.
+    session.run("python", "-m", "pytest", "-q", "--ignore=tests/e2e", *session.posargs)
+
+
+@nox.session
+def e2e(session: nox.Session) -> None:
+    """End-to-end tests with the real harness programs (installed from npm on first use
+    into $OPENFORGE_CACHE, default ~/.cache/openforge), each harness plugin installed."""
+    install_openforge(session)
+    plugins = sorted(str(p) for p in Path("plugins").glob("openforge-*")
+                     if p.name != "openforge-example" and (p / "pyproject.toml").is_file())
+    session.install(*plugins)
+    # The pinned npm programs, once into the cache (Claude Code is ~400 MB), before the tests.
+    for module, cls in (("openforge_codex.harness", "CodexHarness"),
+                        ("openforge_claude_code.harness", "ClaudeCodeHarness"),
+                        ("openforge_openclaw.harness", "OpenClawHarness")):
+        session.run("python", "-c", f"from {module} import {cls}; print({cls}().install())")
+    session.run("python", "-m", "pytest", "-q", "tests/e2e", *session.posargs,
+                env={"OPENFORGE_E2E": "1"})
 
 
 @nox.session
@@ -43,9 +63,25 @@ def typecheck(session: nox.Session) -> None:
 
 
 @nox.session
+def verl(session: nox.Session) -> None:
+    """veRL 0.9.1 on CPU: the local trainer's math against veRL's core_algos, and the openforge
+    agent loop end to end into veRL's DataProto, GRPO and PPO loss (tests/test_training_verl.py).
+
+    A venv of its own: veRL pins transformers (<5.11) differently from the default session.
+    The CPU torch goes in first and stays pinned, so veRL's deps cannot pull a CUDA build.
+    """
+    session.install("pip>=24", "setuptools>=68", "wheel")
+    session.install(TORCH)
+    session.install(TORCH, "verl[verl-core]==0.9.1")
+    session.install(TORCH, "-e", ".[test,verl]")
+    session.run("python", "-m", "pytest", "-q", "tests/test_training_verl.py", *session.posargs)
+
+
+@nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks: print ratios and rates measured in one run (they assert nothing about time)."""
     install_openforge(session)
     args = session.posargs or []
-    for script in ("bench_gateway.py", "bench_export.py", "bench_executor.py"):
+    for script in ("bench_gateway.py", "bench_export.py", "bench_executor.py",
+                   "bench_kubernetes.py"):
         session.run("python", f"benchmarks/{script}", *args)

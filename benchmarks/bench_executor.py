@@ -1,6 +1,7 @@
 """Local executor overhead: spawn-to-result latency of an empty rollout, and rollouts/minute.
 
-    python benchmarks/bench_executor.py [--rollouts-per-level 16] [--sandbox auto|bwrap|none]
+    python benchmarks/bench_executor.py [--quick] [--rollouts-per-level 16]
+                                        [--sandbox auto|bwrap|none]
 
 An empty rollout runs the whole in-sandbox path (`python -m openforge.rollout`: plugins,
 workspace, a harness process that does nothing, final state, reward, result POST) so the
@@ -84,7 +85,12 @@ async def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts-per-level", type=int, default=16)
     parser.add_argument("--sandbox", default="auto", choices=["auto", "bwrap", "none"])
+    parser.add_argument("--quick", action="store_true",
+                        help="4 rollouts at concurrency 1 and 4 (CI smoke run)")
     args = parser.parse_args(argv)
+    levels = (1, 4) if args.quick else (1, 4, 16)
+    if args.quick:
+        args.rollouts_per_level = min(args.rollouts_per_level, 4)
     # The rollout subprocess imports this module by name to build the empty plugins.
     here = str(Path(__file__).resolve().parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [here, os.environ.get("PYTHONPATH", "")] if p)
@@ -98,7 +104,7 @@ async def main(argv: list[str] | None = None) -> None:
     print(executor.describe_sandbox())
     print(f"cpu cores: {os.cpu_count()}")
     await _level(executor, url, 1, 2)  # warm the page cache
-    for concurrency in (1, 4, 16):
+    for concurrency in levels:
         n = max(args.rollouts_per_level, concurrency)
         print(json.dumps(await _level(executor, url, concurrency, n)))
     server.shutdown()

@@ -1,6 +1,6 @@
 """Benchmark: export a store of N recorded tokens as token-level samples; peak memory and speed.
 
-    python benchmarks/bench_export.py [--tokens 1000000] [--turns 10] [--format samples]
+    python benchmarks/bench_export.py [--quick] [--tokens 1000000] [--turns 10] [--format samples]
 
 Builds a SQLite store of synthetic multi-turn sessions (each call's prompt extends the
 previous call's prompt + completion, the way a tool loop grows) until the calls hold
@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 TARGET_MB = 500.0
+QUICK_TOKENS = 100_000
 
 
 def build_store(path: Path, tokens: int, turns: int, seed: int = 0) -> dict[str, int]:
@@ -98,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracemalloc", action="store_true",
                         help="also report the peak of Python allocations (slower, adds RSS)")
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: temp)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK_TOKENS:,} tokens (CI smoke run; the RSS target is for 1M)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.tokens = min(args.tokens, QUICK_TOKENS)
 
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         store_path = Path(tmp) / "store.sqlite"

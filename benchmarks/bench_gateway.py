@@ -12,7 +12,10 @@ load generator (aiohttp). Measured in one run:
    calls per second of gateway CPU time, i.e. on one core.
 3. Memory: bytes of cached session token ids per cached token (`SessionTokens.nbytes()`).
 
+Ends with a summary: each figure, its target (issue 3) and whether it was met.
+
     python benchmarks/bench_gateway.py [--quick] [--sessions N] [--turns N] [--latency-ms N]
+                                       [--profile PREFIX]
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -210,6 +215,34 @@ async def drive(endpoints: list[str], tokens: list[str], turns: int) -> Load:
     return Load(latencies, wall, len(latencies))
 
 
+class Profiler:
+    """`py-spy record` attached to a process while a phase runs (`--profile PREFIX`).
+
+    Writes collapsed stacks (`PREFIX.PHASE.txt`, one `frame;frame;... count` line per stack)
+    that any flame-graph tool reads. Off unless asked for: py-spy is not a dependency.
+    """
+
+    def __init__(self, prefix: str | None, phase: str, pid: int) -> None:
+        self.path = f"{prefix}.{phase}.txt" if prefix else None
+        self.pid = pid
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Profiler:
+        if self.path is not None:
+            self.process = subprocess.Popen(
+                ["py-spy", "record", "--pid", str(self.pid), "--rate", "250", "--format", "raw",
+                 "--nonblocking", "-o", self.path], stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
+            time.sleep(0.5)  # py-spy attaches before the load starts
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+            self.process.wait(timeout=60)
+            print(f"profile written to {self.path}")
+
+
 def cpu_s(process: subprocess.Popen[bytes]) -> float:
     t = psutil.Process(process.pid).cpu_times()
     return t.user + t.system
@@ -221,22 +254,42 @@ async def health(url: str) -> dict[str, Any]:
             return dict(await r.json())
 
 
+@dataclass
+class Result:
+    """One measured figure, its target and whether the target was met."""
+
+    name: str
+    value: float
+    target: str
+    met: bool
+    fmt: str = "{:.3f}"
+
+    def line(self) -> str:
+        verdict = "met" if self.met else "NOT met"
+        return f"  {self.name:<34} {self.fmt.format(self.value):>9}   target {self.target:<9} {verdict}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="16 sessions x 5 turns")
+    parser.add_argument("--quick", action="store_true", help="16 sessions x 5 turns (CI smoke run)")
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--profile", metavar="PREFIX",
+                        help="record the gateway with py-spy during each phase "
+                             "(PREFIX.overhead.txt, PREFIX.instant.txt; collapsed stacks)")
     parser.add_argument("--standin", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.standin:
         run_standin(args.standin, args.latency_ms / 1000)
         return
+    if args.profile and shutil.which("py-spy") is None:
+        raise SystemExit("--profile needs py-spy on PATH: pip install py-spy")
     if args.quick:
         args.sessions, args.turns = 16, 5
     n, turns = args.sessions, args.turns
     print(f"bench_gateway: {n} sessions x {turns} turns, engine latency {args.latency_ms:g} ms, "
-          f"{os.cpu_count()} CPUs")
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
 
     standin, standin_url = start_standin(args.latency_ms / 1000)
     with TemporaryDirectory() as tmp:
@@ -248,9 +301,11 @@ def main() -> None:
                 "--engine", "vllm", "--option", f"url={standin_url}"])
             try:
                 tokens = asyncio.run(open_sessions(gw_url, n))
-                cpu0 = cpu_s(gw)
-                through = asyncio.run(drive([f"{gw_url}/v1/chat/completions"] * n, tokens, turns))
-                gw_cpu_ms = (cpu_s(gw) - cpu0) * 1000 / through.calls
+                with Profiler(args.profile, "overhead", gw.pid):
+                    cpu0 = cpu_s(gw)
+                    through = asyncio.run(drive([f"{gw_url}/v1/chat/completions"] * n, tokens,
+                                                turns))
+                    gw_cpu_ms = (cpu_s(gw) - cpu0) * 1000 / through.calls
                 stats = asyncio.run(health(gw_url))
                 rss_mb = psutil.Process(gw.pid).memory_info().rss / 2**20
             finally:
@@ -261,12 +316,10 @@ def main() -> None:
         print(f"direct to stand-in : p50 {direct.p50_ms:7.1f} ms   {direct.rps:7.1f} calls/s")
         print(f"through gateway    : p50 {through.p50_ms:7.1f} ms   {through.rps:7.1f} calls/s   "
               f"gateway CPU {gw_cpu_ms:.2f} ms/call   RSS {rss_mb:.0f} MB")
-        print(f"p50 latency ratio  : {through.p50_ms / direct.p50_ms:.3f}   (target <= 1.10)")
-        print(f"throughput ratio   : {through.rps / direct.rps:.3f}   (target >= 0.90)")
         tokens_cached = max(1, stats["cached_tokens"])
-        print(f"token cache        : {stats['cached_token_bytes'] / tokens_cached:.2f} bytes/token "
-              f"({stats['cached_tokens']} tokens in {stats['open_sessions_cached']} sessions; "
-              f"target <= 8)")
+        bytes_per_token = stats["cached_token_bytes"] / tokens_cached
+        print(f"token cache        : {stats['cached_tokens']} tokens in "
+              f"{stats['open_sessions_cached']} sessions")
 
         # 2. an instant engine: how many calls the gateway records per CPU-second.
         gw, gw_url = start_gateway(Path(tmp) / "instant.sqlite", [
@@ -274,14 +327,33 @@ def main() -> None:
             f'replies=[{{"tool_calls": [{{"name": "shell", "arguments": {json.dumps(TOOL_ARGS)}}}]}}]'])
         try:
             tokens = asyncio.run(open_sessions(gw_url, n))
-            cpu0 = cpu_s(gw)
-            instant = asyncio.run(drive([f"{gw_url}/v1/chat/completions"] * n, tokens, turns))
-            used = cpu_s(gw) - cpu0
+            with Profiler(args.profile, "instant", gw.pid):
+                cpu0 = cpu_s(gw)
+                instant = asyncio.run(drive([f"{gw_url}/v1/chat/completions"] * n, tokens, turns))
+                used = cpu_s(gw) - cpu0
         finally:
             stop(gw)
-        print(f"instant engine     : {instant.rps:7.1f} calls/s wall, "
-              f"{instant.calls / used:7.1f} recorded calls per gateway CPU-second "
-              f"({used * 1000 / instant.calls:.2f} ms/call; target >= 500/s)")
+        print(f"instant engine     : {instant.rps:7.1f} calls/s wall, gateway CPU "
+              f"{used * 1000 / instant.calls:.2f} ms/call")
+
+    latency_ratio = through.p50_ms / direct.p50_ms
+    throughput_ratio = through.rps / direct.rps
+    per_cpu_s = instant.calls / used
+    results = [
+        Result("p50 latency ratio (20 ms engine)", latency_ratio, "<= 1.10", latency_ratio <= 1.10),
+        Result("throughput ratio (20 ms engine)", throughput_ratio, ">= 0.90",
+               throughput_ratio >= 0.90),
+        Result("gateway CPU ms per call (20 ms)", gw_cpu_ms, "report", True, "{:.2f}"),
+        Result("recorded calls per CPU-second", per_cpu_s, ">= 500", per_cpu_s >= 500, "{:.0f}"),
+        Result("token cache bytes per token", bytes_per_token, "<= 8", bytes_per_token <= 8,
+               "{:.2f}"),
+    ]
+    print(f"summary ({n} sessions x {turns} turns; ratios from one run on this machine, "
+          f"load average {os.getloadavg()[0]:.1f} at the end):")
+    for r in results:
+        print(r.line())
+    print("  (the ratios depend on the cores that the load generator, the stand-in and the "
+          "gateway share; CPU ms per call is the figure that transfers between machines)")
 
 
 if __name__ == "__main__":

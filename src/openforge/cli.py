@@ -152,10 +152,19 @@ def report(run_dir: Path) -> None:
 @config_option
 @set_option
 @click.option("--backend", help="Trainer plugin name (default: local).")
-def train(config_path: Path | None, overrides: tuple[str, ...], backend: str | None) -> None:
+@click.option("--recipe", help="Run a whole training recipe (e.g. demo); --config/--set then "
+              "set the recipe's fields.")
+def train(config_path: Path | None, overrides: tuple[str, ...], backend: str | None,
+          recipe: str | None) -> None:
     """Train the policy on recorded rollouts."""
     from openforge import plugins as plugin_registry
     from openforge.config import load_train_config
+
+    if recipe is not None:
+        from openforge.training.recipes import run_recipe
+
+        run_recipe(recipe, config_path, overrides)
+        return
 
     config = load_train_config(config_path, overrides, {"backend": backend})
     trainer = plugin_registry.create("trainer", config.backend)

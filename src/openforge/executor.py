@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, ClassVar
 
 from openforge.types import RolloutResult, RolloutSpec
 
@@ -15,6 +15,10 @@ class Executor(ABC):
     behind (after a timeout, a cancellation or a crash), and report infrastructure failures
     as `infra_error` / `timeout` results rather than raising.
     """
+
+    # True when sandboxes see this machine's files, so a harness program installed here
+    # once (`Harness.install`, called by the runner) can run in every rollout.
+    shares_filesystem: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
         self.options = options

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -75,6 +76,18 @@ class Harness(ABC):
 
     def check(self) -> None:
         """Raise `HarnessMissingError` (saying how to install it) when the program is missing."""
+
+    def install(self, log: Callable[[str], None] = print) -> dict[str, Any]:
+        """Locate or install the program once per run, before any rollout, outside the sandbox.
+
+        The runner calls this once (on the machine that runs the rollouts) and adds the
+        returned options to every rollout's harness options, e.g. `{"bin": "/abs/path"}`,
+        so that `check()` in the sandbox finds the program without installing it again.
+        `log` prints progress lines. Raise `HarnessMissingError` when it cannot be had (the
+        run then stops before its first rollout, with that one message).
+        Default: nothing to install, nothing to add (`check()` still runs in each sandbox).
+        """
+        return {}
 
     def prepare(self, ctx: HarnessContext) -> None:
         """Write the harness's configuration into `ctx.home` (default: nothing to write)."""

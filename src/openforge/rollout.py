@@ -47,6 +47,7 @@ from openforge.reward import Reward
 from openforge.types import RolloutResult, RolloutSpec, RolloutStatus
 
 RESULT_PREFIX = "OPENFORGE_RESULT "
+SPEC_ENV = "OPENFORGE_SPEC"
 # Seconds kept back from the harness for final state, reward and reporting.
 _RESERVE_S = 10.0
 _STATUS: dict[str, RolloutStatus] = {"completed": "ok", "failed": "harness_error",
@@ -194,13 +195,18 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m openforge.rollout SPEC_JSON_PATH", file=sys.stderr)
+    # A Kubernetes Pod cannot read the orchestrator's disk: its spec comes in $OPENFORGE_SPEC.
+    from_env = not args and bool(os.environ.get(SPEC_ENV))
+    if len(args) != 1 and not from_env:
+        print("usage: python -m openforge.rollout SPEC_JSON_PATH  (or the spec JSON in "
+              f"${SPEC_ENV})", file=sys.stderr)
         return 2
+    source = f"${SPEC_ENV}" if from_env else args[0]
     try:
-        spec = RolloutSpec.model_validate_json(Path(args[0]).read_text())
+        text = os.environ[SPEC_ENV] if from_env else Path(args[0]).read_text()
+        spec = RolloutSpec.model_validate_json(text)
     except (OSError, ValueError) as exc:
-        print(f"error: cannot read rollout spec {args[0]}: {exc}", file=sys.stderr)
+        print(f"error: cannot read rollout spec {source}: {exc}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _on_sigterm)
     rollout_dir = os.environ.get("OPENFORGE_ROLLOUT_DIR")
@@ -216,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     sys.stdout.write("\n" + RESULT_PREFIX + json.dumps(result.model_dump(mode="json")) + "\n")
     sys.stdout.flush()
+    termination_log = os.environ.get("OPENFORGE_TERMINATION_LOG")
+    if termination_log:  # in a Kubernetes Pod: a compact copy in the Pod's status
+        from openforge.executors.k8s_result import write_termination_message
+
+        write_termination_message(termination_log, result)
     return 0
 
 

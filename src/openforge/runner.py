@@ -190,6 +190,8 @@ class Runner:
         self.records: list[AttemptRecord] = read_results(run_dir)
         self.attempts_run = 0
         self._results_file: Any = None
+        # The run's harness options plus what `Harness.install` resolved (binary paths).
+        self._harness_options: dict[str, Any] = dict(config.harness_options)
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -217,6 +219,28 @@ class Runner:
         self._results_file.flush()
         os.fsync(self._results_file.fileno())
 
+    async def _install_harness(self) -> None:
+        """Locate or install the harness program once, here, before the rollouts start.
+
+        Only for executors whose sandboxes see this machine's files (`shares_filesystem`);
+        a Pod's image must ship the program itself.
+        """
+        cfg = self.config
+        harness = build_plugin("harness", cfg.harness, cfg.harness_options)
+
+        def log(line: str) -> None:
+            self.console.print(f"harness {cfg.harness}: {line}", markup=False, highlight=False)
+
+        try:
+            with self.console.status(f"locating the {cfg.harness} harness program..."):
+                extra = await asyncio.to_thread(harness.install, log)
+        except OpenforgeError:
+            raise
+        except Exception as exc:  # a plugin bug: one line, not a traceback
+            raise RunError(f"harness '{cfg.harness}' could not be installed: "
+                           f"{type(exc).__name__}: {exc}") from None
+        self._harness_options = {**cfg.harness_options, **(extra or {})}
+
     # -- one attempt -----------------------------------------------------------------------
 
     async def _attempt(self, gateway: Any, executor: Executor, task: Task, attempt: int) -> AttemptRecord:
@@ -235,7 +259,7 @@ class Runner:
             session_ids.append(session_id)
             spec = RolloutSpec(
                 run_id=self.run_id, rollout_id=rollout_id, attempt=attempt, task=task,
-                harness=cfg.harness, harness_options=cfg.harness_options,
+                harness=cfg.harness, harness_options=self._harness_options,
                 environment=cfg.environment, environment_options=cfg.environment_options,
                 reward=cfg.reward, reward_options=cfg.reward_options, gateway_url=gateway.url,
                 session_token=session.token, model=cfg.gateway.served_model_name,
@@ -270,6 +294,13 @@ class Runner:
             tries=len(session_ids), infra_errors=infra_errors, session_ids=session_ids,
             prompt=task.prompt)
 
+    async def attempt(self, gateway: Any, executor: Executor, task: Task, attempt: int) -> AttemptRecord:
+        """One attempt of `task` through an already started gateway and executor.
+
+        Trainers call this to reuse one gateway and engine across training steps.
+        """
+        return await self._attempt(gateway, executor, task, attempt)
+
     # -- the loop --------------------------------------------------------------------------
 
     def _stats(self) -> str:
@@ -301,6 +332,8 @@ class Runner:
                                f"{type(exc).__name__}: {exc}") from None
         executor: Executor = build_plugin("executor", cfg.executor, cfg.executor_options)
         self._header(executor, tasks, len(pending))
+        if pending and getattr(executor, "shares_filesystem", False):
+            await self._install_harness()
         store = Store(self.run_dir / STORE_FILE)
         gateway = Gateway(cfg.gateway, cfg.engine, store)
         self._results_file = open_results_for_append(self.run_dir / RESULTS_FILE)
@@ -366,6 +399,16 @@ class Runner:
         mean = "-" if metrics.mean_reward is None else f"{metrics.mean_reward:.3f}"
         self.console.print(f"{metrics.scored} scored attempts, {metrics.passed} passed, "
                            f"{metrics.infra_failures} infra failures (excluded), mean reward {mean}")
+        report_json = next((p for p in paths if p.suffix == ".json"), None)
+        trajectories = json.loads(report_json.read_text()).get("trajectories") if report_json else None
+        if trajectories:
+            branches = ", ".join(f"{reason} {n}" for reason, n in
+                                 sorted(trajectories["branches_opened"].items())) or "none"
+            self.console.print(
+                f"training data: {trajectories['calls_recorded']} recorded calls -> "
+                f"{trajectories['samples']} samples ({trajectories['samples_per_session']:.2f} per "
+                f"session; extra branches: {branches}; exact token ids on "
+                f"{100 * trajectories['exact_token_fraction']:.0f}% of calls)")
         for path in paths:
             self.console.print(f"report: {path}")
 

@@ -123,6 +123,9 @@ def build_tokenizer(folder: Path):  # -> PreTrainedTokenizerFast
 def _build(folder: Path) -> None:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one line on stderr says what is being built
 
     tokenizer = build_tokenizer(folder)
     config = Qwen3Config(

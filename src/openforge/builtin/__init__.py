@@ -47,6 +47,8 @@ def register_rewards(register: Register) -> None:
 def register_executors(register: Register) -> None:
     register("local", _lazy("openforge.executors.local:LocalExecutor"),
              "One process group per rollout, isolated HOME and temp dir, hard timeout (bubblewrap when installed).")
+    register("kubernetes", _lazy("openforge.executors.kubernetes:KubernetesExecutor"),
+             "One bare Pod per attempt on a Kubernetes cluster (needs the openforge kubernetes extra).")
 
 
 @hookimpl
@@ -59,3 +61,11 @@ def register_engines(register: Register) -> None:
              "A vLLM server, token in / token out over HTTP.")
     register("litellm", _lazy("openforge.gateway.engines.litellm_engine:LiteLLMEngine"),
              "Hosted providers through litellm; text only, calls flagged exact_tokens=false.")
+
+
+@hookimpl
+def register_trainers(register: Register) -> None:
+    register("local", _lazy("openforge.training.local:LocalTrainer"),
+             "GRPO / SFT for a transformers model on one machine (CPU or one GPU), veRL's math.")
+    register("verl", _lazy("openforge.training.verl:VerlTrainer"),
+             "veRL PPO/GRPO on a GPU cluster; openforge runs each rollout (pip install 'openforge[verl]').")

@@ -79,6 +79,8 @@ def bwrap_path() -> str | None:
 class LocalExecutor(Executor):
     """One process group per rollout, isolated HOME and temp dir, hard timeout (bubblewrap when installed)."""
 
+    shares_filesystem = True  # rollouts run here: harness programs are installed once, here
+
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         try:
@@ -166,8 +168,11 @@ class LocalExecutor(Executor):
                     *self._argv(root, spec_path, env), stdin=asyncio.subprocess.DEVNULL,
                     stdout=out, stderr=err, cwd=str(root), env=env,
                     start_new_session=True, preexec_fn=die_with_parent())
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            # that lands just as the wait completes, and then Ctrl-C would not stop the run.
             try:
-                await asyncio.wait_for(proc.wait(), spec.timeout_s + self.config.kill_margin_s)
+                async with asyncio.timeout(spec.timeout_s + self.config.kill_margin_s):
+                    await proc.wait()
             except TimeoutError:
                 timed_out = True
         finally:

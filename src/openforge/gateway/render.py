@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import struct
 import threading
 import uuid
 from array import array
@@ -49,10 +50,15 @@ BRANCH_TEMPLATE_REWRITE = "template_rewrite"
 (Qwen3 drops past reasoning at a new user query), so the old ids are not a prefix."""
 BRANCH_CONCURRENT = "concurrent"
 """Two calls extended the same branch at once; the one committed second forks."""
+BRANCH_TRANSIENT_CONTEXT = "transient_context"
+"""The branch's last prompt ended in a user message that this request drops from the
+history, which it otherwise extends: a harness's per-request context note (OpenClaw
+appends an internal-context user message to every request and keeps it out of history).
+The model saw that note, so the ids are not a prefix: a new branch, explained."""
 
 BRANCH_REASONS: tuple[str, ...] = (
     BRANCH_RETRY, BRANCH_SIDE_CALL, BRANCH_HISTORY_REWRITTEN, BRANCH_NEW_CONVERSATION,
-    BRANCH_TEMPLATE_REWRITE, BRANCH_CONCURRENT,
+    BRANCH_TEMPLATE_REWRITE, BRANCH_CONCURRENT, BRANCH_TRANSIENT_CONTEXT,
 )
 
 TINY_MODEL = "tiny"
@@ -83,6 +89,18 @@ class ModelBundle:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
 
 
+_MEMO_TEXT = 64  # texts up to this many characters have their ids remembered
+_MEMO_IDS = 8  # id sequences up to this long have their text remembered
+_MEMO_SIZE = 4096  # entries per memo; a full memo starts over
+_MISSING = object()
+
+
+def _remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
+    if len(memo) >= _MEMO_SIZE:
+        memo.clear()
+    memo[key] = value
+
+
 class FastTokenizer:
     """The renderer-facing tokenizer surface straight on the Rust `tokenizers` backend.
 
@@ -100,23 +118,51 @@ class FastTokenizer:
         self.name_or_path = hf_tokenizer.name_or_path
         self.unk_token_id = hf_tokenizer.unk_token_id
         self.eos_token_id = hf_tokenizer.eos_token_id
+        self._encoded: dict[tuple[str, bool], tuple[int, ...]] = {}
+        self._decoded: dict[tuple[tuple[int, ...], bool], str] = {}
+        self._token_ids: dict[str, Any] = {}
 
     def encode(self, text: str, *args: Any, add_special_tokens: bool = False,
                **kwargs: Any) -> list[int]:
         if args or kwargs:
             return list(self._hf.encode(text, *args, add_special_tokens=add_special_tokens,
                                         **kwargs))
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        if len(text) > _MEMO_TEXT:
+            return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # Renderers encode the same template pieces ("\n", "user", the assistant header)
+        # several times per call; tokenization is deterministic, so remember them.
+        key = (text, add_special_tokens)
+        ids = self._encoded.get(key)
+        if ids is None:
+            ids = tuple(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
+            _remember(self._encoded, key, ids)
+        return list(ids)
 
     def decode(self, token_ids: Any, *args: Any, skip_special_tokens: bool = False,
                **kwargs: Any) -> str:
         if args or kwargs or self._clean_up:
             return str(self._hf.decode(token_ids, *args,
                                        skip_special_tokens=skip_special_tokens, **kwargs))
-        return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        ids = tuple(token_ids)
+        if len(ids) > _MEMO_IDS:
+            return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        # Short decodes (a marker token, an assistant header) repeat on every call.
+        key = (ids, skip_special_tokens)
+        text = self._decoded.get(key)
+        if text is None:
+            text = self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+            _remember(self._decoded, key, text)
+        return text
 
     def convert_tokens_to_ids(self, tokens: Any) -> Any:
-        return self._hf.convert_tokens_to_ids(tokens)
+        if not isinstance(tokens, str):
+            return self._hf.convert_tokens_to_ids(tokens)
+        # Renderers look up their marker tokens ("<think>", ...) on every call.
+        found = self._token_ids.get(tokens, _MISSING)
+        if found is _MISSING:
+            found = self._hf.convert_tokens_to_ids(tokens)
+            _remember(self._token_ids, tokens, found)
+        return found
 
     def __len__(self) -> int:
         return len(self._hf)
@@ -277,6 +323,9 @@ class RenderedPrompt(BaseModel):
     _message_keys: tuple[int, ...] | None = PrivateAttr(default=None)
     _tools_key: int = PrivateAttr(default=0)
     _system_key: int | None = PrivateAttr(default=None)
+    # (branch prompt, branch completion, prompt_ids) when prompt_ids was verified to start
+    # with that prompt + completion: commit then copies arrays instead of converting ids.
+    _extends: tuple[array, array, list[int]] | None = PrivateAttr(default=None)
 
     @classmethod
     def _of(cls, ids: list[int], branch: int, reason: str | None = None, *,
@@ -305,6 +354,7 @@ class _Branch:
     committed: bool = False
     version: int = 0
     pending_key: int | None = None  # what opened it, while nothing is committed yet
+    last_prompt_role: str | None = None  # role of the last prompt message of the last call
 
 
 def _message_key(m: Message) -> int:
@@ -338,6 +388,27 @@ def _tools_key(tools: list[Tool]) -> int:
                       for t in tools))
 
 
+def ids_array(ids: list[int]) -> array:
+    """`array("i", ids)` in half the time (struct converts the ints in one C loop)."""
+    out = array("i")
+    try:
+        out.frombytes(struct.pack(f"{len(ids)}i", *ids))
+    except struct.error:
+        return array("i", ids)  # raises what array raises (e.g. an id beyond int32)
+    return out
+
+
+def _prompt_array(rendered: RenderedPrompt) -> array:
+    """The prompt ids as an array; a bridged prompt reuses its branch's arrays."""
+    extends = rendered._extends
+    if extends is None or extends[2] is not rendered.prompt_ids:
+        return ids_array(rendered.prompt_ids)
+    prompt, completion, ids = extends
+    out = prompt + completion
+    out.extend(ids_array(ids[len(out):]))
+    return out
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
@@ -359,6 +430,32 @@ class SessionTokens:
         self.branches: list[_Branch] = []
         # Fingerprint of (tools, prompt messages) of every committed call -> its branch.
         self._prompts_seen: dict[int, int] = {}
+        # The last rendered messages and tools with their fingerprints: a request whose
+        # history prefix reuses those very objects (the session's HistoryMemo) reuses them.
+        self._last_messages: list[Message] = []
+        self._last_keys: tuple[int, ...] = ()
+        self._last_tools: list[Tool] = []
+        self._last_tools_key = _tools_key([])
+
+    def _fingerprints(self, messages: list[Message]) -> tuple[int, ...]:
+        """`_message_key` of each message; parsed messages are never mutated, so one that
+        is the very object seen in the last render keeps its fingerprint."""
+        last = self._last_messages
+        n = 0
+        for new, old in zip(messages, last, strict=False):
+            if new is not old:
+                break
+            n += 1
+        keys = self._last_keys[:n] + tuple(_message_key(m) for m in messages[n:])
+        self._last_messages, self._last_keys = list(messages), keys
+        return keys
+
+    def _tools_fingerprint(self, tools: list[Tool]) -> int:
+        """`_tools_key(tools)`, reused when these are the very Tool objects of the last render."""
+        last = self._last_tools
+        if len(tools) != len(last) or any(a is not b for a, b in zip(tools, last, strict=True)):
+            self._last_tools, self._last_tools_key = list(tools), _tools_key(tools)
+        return self._last_tools_key
 
     # -- render ---------------------------------------------------------------------------
 
@@ -371,8 +468,8 @@ class SessionTokens:
         if not self.bundle.multimodal and any(m.images for m in request.messages):
             raise ValueError(f"model {self.bundle.name!r} ({self.bundle.renderer_name}) takes "
                              "text only; remove the images from the request")
-        keys = tuple(_message_key(m) for m in request.messages)
-        tools_key = _tools_key(request.tools)
+        keys = self._fingerprints(request.messages)
+        tools_key = self._tools_fingerprint(request.tools)
         first = request.messages[0]
         system_key = _message_key(first) if first.role == "system" else None
 
@@ -419,7 +516,9 @@ class SessionTokens:
             if ids[:len(previous)] != previous:
                 return self._new_branch(ids, BRANCH_TEMPLATE_REWRITE, request,
                                         keys=keys, tools_key=tools_key)
-        return RenderedPrompt._of(ids, best.index, bridged=True, parent_version=best.version)
+        out = RenderedPrompt._of(ids, best.index, bridged=True, parent_version=best.version)
+        out._extends = (best.prompt, best.completion, ids)
+        return out
 
     def _open(self, request: ChatRequest, keys: tuple[int, ...], tools_key: int,
               system_key: int | None) -> RenderedPrompt:
@@ -453,11 +552,25 @@ class SessionTokens:
         # Sharing the system prompt alone is not a shared history: require the first
         # non-system message too.
         first_turn = 1 if system_key is not None else 0
+        if self._drops_transient_note(keys, first_turn):
+            return BRANCH_TRANSIENT_CONTEXT
         for b in self.branches:
             bk = b.message_keys
             if bk is not None and _common_prefix(keys, bk) > first_turn:
                 return BRANCH_HISTORY_REWRITTEN
         return BRANCH_NEW_CONVERSATION
+
+    def _drops_transient_note(self, keys: tuple[int, ...], first_turn: int) -> bool:
+        """Whether `keys` extend a branch's messages minus the user message that ended
+        that branch's last prompt (see BRANCH_TRANSIENT_CONTEXT)."""
+        for b in self.branches:
+            bk = b.message_keys
+            if bk is None or b.last_prompt_role != "user" or len(bk) < first_turn + 3:
+                continue
+            kept = bk[:-2] + bk[-1:]  # prompt minus its last message, then the reply
+            if len(keys) > len(kept) and array("q", keys[:len(kept)]) == kept:
+                return True
+        return False
 
     def _main_branch(self) -> _Branch | None:
         """The first branch with tools, else the first branch: the harness's main loop."""
@@ -535,11 +648,11 @@ class SessionTokens:
     # -- commit ---------------------------------------------------------------------------
 
     def commit(self, request: ChatRequest, rendered: RenderedPrompt,
-               completion_ids: list[int], assistant: Message) -> None:
+               completion_ids: list[int], assistant: Message) -> array:
         """Record that `rendered` + `completion_ids` was delivered: extend its branch.
 
         Call only after the response reached the client, so an aborted call leaves the
-        session exactly as it was.
+        session exactly as it was. Returns the prompt ids as kept (an int32 array).
         """
         b = self.branches[rendered.branch]
         if b.committed and b.version != rendered._parent_version:
@@ -548,12 +661,13 @@ class SessionTokens:
                         tools_key=b.tools_key, system_key=b.system_key, has_tools=b.has_tools)
             self.branches.append(b)
             rendered.branch, rendered.branch_reason = b.index, BRANCH_CONCURRENT
-        b.prompt = array("i", rendered.prompt_ids)
-        b.completion = array("i", completion_ids)
+        b.prompt = _prompt_array(rendered)
+        b.completion = ids_array(completion_ids)
         keys = rendered._message_keys
         if keys is not None:
             b.message_keys = array("q", keys)
             b.message_keys.append(_message_key(assistant))
+            b.last_prompt_role = request.messages[-1].role if request.messages else None
             self._prompts_seen[hash((rendered._tools_key, keys))] = b.index
         else:
             b.message_keys = None
@@ -561,6 +675,7 @@ class SessionTokens:
         b.committed = True
         b.pending_key = None
         b.version += 1
+        return b.prompt
 
     # -- accounting -----------------------------------------------------------------------
 
@@ -580,6 +695,11 @@ class SessionTokens:
 # ----------------------------------------------------------------------------------------
 # Parsing and assistant-turn tokens
 # ----------------------------------------------------------------------------------------
+
+
+# Built once: json.dumps with options builds a new encoder per call. Same output as
+# json.dumps(value, ensure_ascii=False).
+_encode_arguments = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def new_tool_call_id() -> str:
@@ -616,7 +736,7 @@ def parse_completion(bundle: ModelBundle, request: ChatRequest, prompt_ids: list
         if c.status != ToolCallParseStatus.OK or not c.name:
             continue
         args = c.arguments if c.arguments is not None else {}
-        text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+        text = args if isinstance(args, str) else _encode_arguments(args)
         calls.append(ToolCall(id=new_tool_call_id(), name=c.name, arguments=text))
     message = Message(role="assistant", content=parsed.content or "",
                       reasoning=parsed.reasoning_content or None, tool_calls=calls)

@@ -22,9 +22,10 @@ from __future__ import annotations
 import logging
 import secrets
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from openforge.gateway.dialects.memo import HistoryMemo
 from openforge.gateway.render import ModelBundle, SessionTokens
 from openforge.store import Store
 from openforge.types import Call, SamplingParams, Session
@@ -39,6 +40,8 @@ class LiveSession:
     session: Session
     tokens: SessionTokens
     next_index: int = 0
+    # The last request's parsed history: the next request reuses its unchanged prefix.
+    memo: HistoryMemo = field(default_factory=HistoryMemo)
 
     def take_index(self) -> int:
         """The index of the next recorded call (indices follow recording order)."""
@@ -144,7 +147,7 @@ class SessionRegistry:
         replayed = 0
         for call in sorted(calls, key=lambda c: c.index):
             try:
-                request = DIALECTS[call.dialect].parse(call.request)
+                request = DIALECTS[call.dialect].parse(call.request, memo=live.memo)
                 rendered = live.tokens.render(request)
                 if call.status != "ok":
                     continue

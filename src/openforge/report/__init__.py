@@ -67,7 +67,25 @@ def build_report(run_dir: Path) -> dict[str, Any]:
              "reward_details": r.reward_details}
             for r in sorted(records, key=lambda r: (r.task_id, r.attempt))
         ],
+        "trajectories": _trajectory_metrics(run_dir),
     }
+
+
+def _trajectory_metrics(run_dir: Path) -> dict[str, Any] | None:
+    """How the recorded calls merge into training samples (branches and why, exact tokens)."""
+    from openforge.runner import STORE_FILE
+
+    path = run_dir / STORE_FILE
+    if not path.exists():
+        return None
+    from openforge.store import Store
+    from openforge.trajectory import run_metrics
+
+    store = Store(path)
+    try:
+        return run_metrics(store).model_dump(mode="json")
+    finally:
+        store.close()
 
 
 def write_report(run_dir: Path) -> list[Path]:
@@ -301,6 +319,7 @@ def render_html(data: dict[str, Any], calls: dict[str, list[Call]]) -> str:
         body.append(f"<tr><td>{k}</td><td class='num'>{_fmt(data['pass_at_k'][k])}</td>"
                     f"<td class='num'>{_fmt(data['pass_hat_k'].get(k))}</td></tr>")
     body.append("</table>" + _svg_curve(data["pass_at_k"], data["pass_hat_k"]))
+    body.append(_trajectory_metrics_html(data.get("trajectories")))
     body.append("<h2>Tasks</h2><table><tr><th>task</th><th>scored</th><th>passed</th><th>infra</th>"
                 "<th>mean reward</th><th>pass@1</th></tr>")
     for row in data["tasks"]:
@@ -333,6 +352,19 @@ def render_html(data: dict[str, Any], calls: dict[str, list[Call]]) -> str:
     template = resources.files("openforge.report").joinpath("template.html").read_text()
     return (template.replace("{{title}}", f"openforge run {html.escape(str(data['run_id']))}")
             .replace("{{body}}", "\n".join(body)))
+
+
+def _trajectory_metrics_html(m: dict[str, Any] | None) -> str:
+    if not m:
+        return ""
+    branches = ", ".join(f"{_e(reason)}: {n}" for reason, n in sorted(m["branches_opened"].items()))
+    return ("<h2>Training data</h2><p>"
+            f"{m['calls_recorded']} recorded calls ({m['failed_calls']} failed, "
+            f"{m['retries_merged']} retries merged) became {m['samples']} samples over "
+            f"{m['sessions']} sessions ({m['samples_per_session']:.2f} per session); "
+            f"{m['merged_calls']} calls merged into earlier turns; branches opened: "
+            f"{branches or 'none'}; {m['mean_generated_tokens_per_sample']:.1f} generated tokens "
+            f"per sample; exact token ids on {100 * m['exact_token_fraction']:.0f}% of calls.</p>")
 
 
 __all__ = ["build_report", "render_html", "write_report", "MetricsSummary"]

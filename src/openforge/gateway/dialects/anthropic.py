@@ -37,6 +37,7 @@ from openforge.gateway.dialects.base import (
     split_deltas,
     sse_event,
 )
+from openforge.gateway.dialects.memo import HistoryMemo, Resume, resume
 
 _ERROR_TYPES = {
     "invalid_request_error", "authentication_error", "permission_error", "not_found_error",
@@ -154,32 +155,44 @@ def _assistant_message(content: Any, where: str) -> Message:
                    tool_calls=calls)
 
 
-def _messages(body: dict[str, Any]) -> list[Message]:
-    out: list[Message] = []
+def _message_item(raw: Any, i: int) -> list[Message]:
+    """The canonical messages of `messages[i]` (a user turn may hold several)."""
+    where = f"messages[{i}]"
+    msg = require_object(raw, where)
+    role = opt_str(msg, "role", f"{where}.role")
+    content = msg.get("content")
+    if role == "user":
+        return _user_messages(content, where)
+    if role == "assistant":
+        return [_assistant_message(content, where)]
+    if role == "system":
+        text, _ = _text_and_images(content, f"{where}.content")
+        return [Message(role="system", content=text)]
+    raise DialectError(f"'{where}.role' must be 'user' or 'assistant', got {role!r}")
+
+
+def _messages(body: dict[str, Any], memo: HistoryMemo | None = None) -> Resume:
+    """The conversation (`.messages`), parsed from its items `system`, then each message,
+    reusing what the session's `HistoryMemo` has of them."""
     system = body.get("system")
-    if system is not None:
-        text, _ = _text_and_images(system, "system")
-        if text:
-            out.append(Message(role="system", content=text))
-    raw_messages = as_list(body.get("messages"), "messages")
+    value = body.get("messages")
+    parsed = resume(memo, AnthropicDialect.name,
+                    [system, *value] if isinstance(value, list) else [system])
+    out = parsed.messages
+    if parsed.n == 0:
+        if system is not None:
+            text, _ = _text_and_images(system, "system")
+            if text:
+                out.append(Message(role="system", content=text))
+        parsed.ends.append(len(out))
+    raw_messages = as_list(value, "messages")
     if not raw_messages:
         raise DialectError("'messages' must be a non-empty array")
-    for i, raw in enumerate(raw_messages):
-        where = f"messages[{i}]"
-        msg = require_object(raw, where)
-        role = opt_str(msg, "role", f"{where}.role")
-        content = msg.get("content")
-        if role == "user":
-            out.extend(_user_messages(content, where))
-        elif role == "assistant":
-            out.append(_assistant_message(content, where))
-        elif role == "system":
-            text, _ = _text_and_images(content, f"{where}.content")
-            out.append(Message(role="system", content=text))
-        else:
-            raise DialectError(f"'{where}.role' must be 'user' or 'assistant', got {role!r}")
+    for i in range(max(parsed.n - 1, 0), len(raw_messages)):
+        out.extend(_message_item(raw_messages[i], i))
+        parsed.ends.append(len(out))
     check_tool_results(out)
-    return out
+    return parsed
 
 
 def _tools(value: Any) -> list[Tool]:
@@ -235,27 +248,34 @@ class AnthropicDialect(Dialect):
 
     name = "messages"
 
-    def parse(self, body: Any) -> ChatRequest:
+    def parse(self, body: Any, *, memo: HistoryMemo | None = None) -> ChatRequest:
         body = require_object(body)
         if body.get("max_tokens") is None:
             raise DialectError("'max_tokens' is required")
-        return self._parse(body)
+        return self._parse(body, memo)
 
     def parse_count_tokens(self, body: Any) -> ChatRequest:
         """A count_tokens body: a Messages request without `max_tokens`."""
-        return self._parse(require_object(body))
+        return self._parse(require_object(body), None)
 
-    def _parse(self, body: dict[str, Any]) -> ChatRequest:
+    def _parse(self, body: dict[str, Any], memo: HistoryMemo | None) -> ChatRequest:
         model = opt_str(body, "model") or ""
-        messages = _messages(body)
-        return ChatRequest(
+        parsed = _messages(body, memo)
+        raw_tools = body.get("tools")
+        tools = memo.reuse_tools(self.name, raw_tools) if memo else None
+        if tools is None:
+            tools = _tools(raw_tools)
+        request = ChatRequest(
             model=model,
-            messages=messages,
-            tools=_tools(body.get("tools")),
+            messages=parsed.messages,
+            tools=tools,
             sampling=read_sampling(body, max_tokens_keys=("max_tokens",),
                                    stop_key="stop_sequences"),
             stream=bool(opt_bool(body, "stream")),
         )
+        if memo is not None:
+            memo.remember(self.name, parsed, raw_tools, tools)
+        return request
 
     def response(
         self,

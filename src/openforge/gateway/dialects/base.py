@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, Literal
 
 from openforge.gateway.conversation import ChatRequest, Completion, Message
+from openforge.gateway.dialects.memo import HistoryMemo
 from openforge.types import SamplingParams
 
 DialectName = Literal["chat", "completions", "responses", "messages"]
@@ -51,8 +52,12 @@ class Dialect(ABC):
     name: ClassVar[DialectName]
 
     @abstractmethod
-    def parse(self, body: Any) -> ChatRequest:
-        """The canonical request for a decoded JSON body; `DialectError` when malformed."""
+    def parse(self, body: Any, *, memo: HistoryMemo | None = None) -> ChatRequest:
+        """The canonical request for a decoded JSON body; `DialectError` when malformed.
+
+        `memo` is the session's `HistoryMemo`: the leading history items identical to the
+        session's last request reuse their parsed messages (same result, less work).
+        """
 
     @abstractmethod
     def response(

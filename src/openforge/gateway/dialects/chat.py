@@ -33,6 +33,7 @@ from openforge.gateway.dialects.base import (
     sse_data,
     tool_arguments,
 )
+from openforge.gateway.dialects.memo import HistoryMemo, resume
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
           "tool": "tool"}
@@ -166,26 +167,39 @@ class ChatDialect(Dialect):
 
     name = "chat"
 
-    def parse(self, body: Any) -> ChatRequest:
+    def parse(self, body: Any, *, memo: HistoryMemo | None = None) -> ChatRequest:
         body = require_object(body)
         model = opt_str(body, "model") or ""
         raw_messages = opt_list(body, "messages")
         if not raw_messages:
             raise DialectError("'messages' must be a non-empty array")
-        messages = [m for i, raw in enumerate(raw_messages) if (m := _message(raw, i))]
+        parsed = resume(memo, self.name, raw_messages)
+        messages = parsed.messages
+        for i in range(parsed.n, len(raw_messages)):
+            message = _message(raw_messages[i], i)
+            if message is not None:
+                messages.append(message)
+            parsed.ends.append(len(messages))
         if not messages:
             raise DialectError("'messages' has no system, user, assistant or tool message")
         check_tool_results(messages)
         check_n(body)
         options = opt_object(body, "stream_options") or {}
-        return ChatRequest(
+        raw_tools = body.get("tools")
+        tools = memo.reuse_tools(self.name, raw_tools) if memo else None
+        if tools is None:
+            tools = read_tools(raw_tools)
+        request = ChatRequest(
             model=model,
             messages=messages,
-            tools=read_tools(body.get("tools")),
+            tools=tools,
             sampling=read_sampling(body, max_tokens_keys=("max_completion_tokens", "max_tokens")),
             stream=bool(opt_bool(body, "stream")),
             include_usage=bool(opt_bool(options, "include_usage", "stream_options.include_usage")),
         )
+        if memo is not None:
+            memo.remember(self.name, parsed, raw_tools, tools)
+        return request
 
     def response(
         self,

@@ -25,6 +25,7 @@ from openforge.gateway.dialects.base import (
     sse_data,
 )
 from openforge.gateway.dialects.chat import check_n
+from openforge.gateway.dialects.memo import HistoryMemo
 
 # OpenAI's documented default for this endpoint; a harness that omits it gets 16 tokens
 # here as it would there.
@@ -77,7 +78,8 @@ class CompletionsDialect(Dialect):
 
     name = "completions"
 
-    def parse(self, body: Any) -> ChatRequest:
+    def parse(self, body: Any, *, memo: HistoryMemo | None = None) -> ChatRequest:
+        # A prompt is one text (or id list), not a history of items: nothing to reuse.
         body = require_object(body)
         text, ids = _read_prompt(body.get("prompt"))
         check_n(body)

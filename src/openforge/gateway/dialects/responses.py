@@ -40,6 +40,7 @@ from openforge.gateway.dialects.base import (
     sse_event,
     tool_arguments,
 )
+from openforge.gateway.dialects.memo import OPEN, HistoryMemo, Resume, resume
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
@@ -109,6 +110,18 @@ class _History:
 
     def add_call(self, call: ToolCall) -> None:
         self._assistant().tool_calls.append(call)
+
+    def boundary(self) -> int:
+        """The message count when the history is complete here, else `OPEN`.
+
+        Complete: no reasoning waits for its turn and the last message is not an assistant
+        turn that a following item could still extend. Earlier messages are never touched
+        again from such a point, so a later request may resume parsing there.
+        """
+        if self.pending_reasoning is not None or (
+                self.messages and self.messages[-1].role == "assistant"):
+            return OPEN
+        return len(self.messages)
 
     def add_reasoning(self, text: str) -> None:
         if text:
@@ -256,7 +269,7 @@ class ResponsesDialect(Dialect):
 
     name = "responses"
 
-    def parse(self, body: Any) -> ChatRequest:
+    def parse(self, body: Any, *, memo: HistoryMemo | None = None) -> ChatRequest:
         body = require_object(body)
         if body.get("previous_response_id") is not None:
             raise DialectError(
@@ -269,29 +282,46 @@ class ResponsesDialect(Dialect):
             )
         history = _History()
         instructions = body.get("instructions")
-        if instructions is not None:
-            if not isinstance(instructions, str):
-                raise bad_type("instructions", "a string", instructions)
-            if instructions:
-                history.add(Message(role="system", content=instructions))
         raw_input = body.get("input")
+        # Memo items: `instructions`, then each input item (a string input is not a history).
+        if isinstance(raw_input, list):
+            parsed = resume(memo, self.name, [instructions, *raw_input])
+        else:
+            memo, parsed = None, Resume()  # a string (or invalid) input is no history
+        history.messages = parsed.messages
+        if parsed.n == 0:
+            if instructions is not None:
+                if not isinstance(instructions, str):
+                    raise bad_type("instructions", "a string", instructions)
+                if instructions:
+                    history.add(Message(role="system", content=instructions))
+            parsed.ends.append(history.boundary())
         if raw_input is None:
             raise DialectError("'input' is required")
         if isinstance(raw_input, str):
             history.add(Message(role="user", content=raw_input))
         else:
-            for i, raw in enumerate(as_list(raw_input, "input")):
-                _add_item(history, raw, i)
+            raw_items = as_list(raw_input, "input")
+            for i in range(max(parsed.n - 1, 0), len(raw_items)):
+                _add_item(history, raw_items[i], i)
+                parsed.ends.append(history.boundary())
         if not any(m.role != "system" for m in history.messages):
             raise DialectError("'input' must contain at least one message")
         check_tool_results(history.messages)
-        return ChatRequest(
+        raw_tools = body.get("tools")
+        tools = memo.reuse_tools(self.name, raw_tools) if memo else None
+        if tools is None:
+            tools = _read_tools(raw_tools)
+        request = ChatRequest(
             model=opt_str(body, "model") or "",
             messages=history.messages,
-            tools=_read_tools(body.get("tools")),
+            tools=tools,
             sampling=read_sampling(body, max_tokens_keys=("max_output_tokens",), stop_key=None),
             stream=bool(opt_bool(body, "stream")),
         )
+        if memo is not None:
+            memo.remember(self.name, parsed, raw_tools, tools)
+        return request
 
     def _response_object(
         self,

@@ -93,7 +93,12 @@ class LocalEngine(Engine):
     def _load(self, options: dict[str, Any]) -> tuple[Any, Any]:
         import torch
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
 
+        # Progress bars and deprecation notes from transformers would garble the run's
+        # progress display; errors still show.
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
         device = options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype_name = str(options.get("dtype", "float32"))
         dtype = getattr(torch, dtype_name, None)

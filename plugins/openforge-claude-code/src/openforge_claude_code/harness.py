@@ -1,0 +1,199 @@
+"""The `claude-code` harness: `claude -p` against the session URL over the Messages API.
+
+Per rollout: `ANTHROPIC_BASE_URL` is the session URL without its trailing `/v1` (Claude
+Code appends `/v1/messages?beta=true` itself), `ANTHROPIC_API_KEY` the session token,
+`CLAUDE_CONFIG_DIR` a folder in the rollout's isolated HOME holding a `settings.json`
+(no auto-updates, no telemetry); `CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1` keeps every
+request but model calls away. The user's `~/.claude` is never read or written.
+
+Permissions: a rollout is unattended, so `permissions = "skip"` (the default) passes
+`--dangerously-skip-permissions`; Claude Code refuses that as root unless `IS_SANDBOX=1`,
+which the harness sets (openforge's executor is the sandbox). `permissions = "allowed"`
+instead passes `--allowedTools` with `allowed_tools`.
+
+The task goes in on stdin. Output is `--output-format stream-json --verbose`: one line
+per assistant content block (blocks of one model response share a message id, which
+counts the model requests of the main loop) and a final `result` object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from openforge.errors import OpenforgeError
+from openforge.harness import (
+    Command,
+    Harness,
+    HarnessContext,
+    HarnessMissingError,
+    HarnessOutput,
+    ProcessOutput,
+    WireAPI,
+)
+from openforge.npm import NpmPackage, ensure_bin, find_bin
+from openforge_claude_code.stream import parse_stream
+
+CLAUDE_PACKAGE = "@anthropic-ai/claude-code"
+CLAUDE_VERSION = "2.1.332"
+BIN_ENV = "OPENFORGE_CLAUDE_CODE_BIN"
+DEFAULT_TOOLS = ["Bash", "Edit", "Write", "Read", "Glob", "Grep", "MultiEdit", "NotebookEdit",
+                 "TodoWrite"]
+
+
+class ClaudeCodeOptions(BaseModel):
+    """Options of the `claude-code` harness (`harness_options` in the run config)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: str = CLAUDE_VERSION  # the @anthropic-ai/claude-code version installed from npm
+    bin: str | None = None  # a claude program to use instead (set by `install` for rollouts)
+    permissions: Literal["skip", "allowed"] = "skip"
+    allowed_tools: list[str] = Field(default_factory=lambda: list(DEFAULT_TOOLS))
+    disallowed_tools: list[str] = Field(default_factory=lambda: ["WebFetch", "WebSearch"])
+    max_turns: int | None = Field(default=None, ge=1)
+    # Claude Code asks for max_tokens=32000 per call, and a request's max_tokens overrides
+    # the run's sampling.max_tokens; this caps it (CLAUDE_CODE_MAX_OUTPUT_TOKENS).
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    # The model Claude Code uses for its small side calls; default: the policy itself.
+    small_fast_model: str | None = None
+    settings: dict[str, Any] = Field(default_factory=dict)  # extra settings.json keys
+
+
+def anthropic_base_url(session_url: str) -> str:
+    """The session URL without its trailing `/v1`: Claude Code appends `/v1/messages`."""
+    url = session_url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+class ClaudeCodeHarness(Harness):
+    """Claude Code (`claude -p`, npm @anthropic-ai/claude-code), Anthropic Messages API."""
+
+    wire_api: ClassVar[WireAPI] = "messages"
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        try:
+            self.config = ClaudeCodeOptions.model_validate(options)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise OpenforgeError(f"claude-code harness option {where}: {err['msg']}") from None
+
+    # -- locating the program --------------------------------------------------------------
+
+    @property
+    def package(self) -> NpmPackage:
+        return NpmPackage(name=CLAUDE_PACKAGE, version=self.config.version, bin="claude",
+                          env_var=BIN_ENV)
+
+    def _given_bin(self) -> Path | None:
+        if self.config.bin is None:
+            return None
+        path = Path(self.config.bin)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise HarnessMissingError(f"claude-code harness option bin={path} is not an executable file")
+        return path
+
+    def install(self, log: Any = print) -> dict[str, Any]:
+        path = self._given_bin() or ensure_bin(self.package, log=log)
+        return {"bin": str(path)}
+
+    def check(self) -> None:
+        self.program()
+
+    def program(self) -> Path:
+        """The claude program, without installing it (that is `install`'s job, run once)."""
+        path = self._given_bin() or find_bin(self.package)
+        if path is None:
+            on_path = shutil.which("claude")
+            if on_path:
+                return Path(on_path)
+            raise HarnessMissingError(
+                f"claude ({CLAUDE_PACKAGE}@{self.config.version}) is not installed; `openforge run` "
+                f"installs it, or run: npm install -g {CLAUDE_PACKAGE}@{self.config.version}, "
+                f"or set {BIN_ENV}")
+        return path
+
+    # -- one rollout -----------------------------------------------------------------------
+
+    @staticmethod
+    def config_dir(ctx: HarnessContext) -> Path:
+        return ctx.home / ".claude"
+
+    def settings(self) -> dict[str, Any]:
+        """The content of `$CLAUDE_CONFIG_DIR/settings.json` for this rollout."""
+        base: dict[str, Any] = {
+            "autoUpdates": False,
+            "includeCoAuthoredBy": False,
+            "permissions": {"deny": list(self.config.disallowed_tools)},
+            "env": {"DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
+                    "DISABLE_ERROR_REPORTING": "1"},
+        }
+        return {**base, **self.config.settings}
+
+    def prepare(self, ctx: HarnessContext) -> None:
+        folder = self.config_dir(ctx)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "settings.json").write_text(json.dumps(self.settings(), indent=2) + "\n")
+
+    def environment(self, ctx: HarnessContext) -> dict[str, str]:
+        env = {
+            "ANTHROPIC_BASE_URL": anthropic_base_url(ctx.base_url),
+            "ANTHROPIC_API_KEY": ctx.api_key,
+            "ANTHROPIC_MODEL": ctx.model,
+            "ANTHROPIC_SMALL_FAST_MODEL": self.config.small_fast_model or ctx.model,
+            "CLAUDE_CONFIG_DIR": str(self.config_dir(ctx)),
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+            "IS_SANDBOX": "1",
+            "NO_COLOR": "1",
+        }
+        if self.config.max_output_tokens is not None:
+            env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(self.config.max_output_tokens)
+        return env
+
+    def command(self, ctx: HarnessContext) -> Command:
+        argv = [str(self.program()), "-p", "--output-format", "stream-json", "--verbose",
+                "--model", ctx.model]
+        if self.config.permissions == "skip":
+            argv.append("--dangerously-skip-permissions")
+        else:
+            argv += ["--allowedTools", ",".join(self.config.allowed_tools)]
+        if self.config.disallowed_tools:
+            argv += ["--disallowedTools", ",".join(self.config.disallowed_tools)]
+        if self.config.max_turns is not None:
+            argv += ["--max-turns", str(self.config.max_turns)]
+        return Command(argv=argv, env=self.environment(ctx), cwd=ctx.workspace,
+                       stdin=ctx.task.prompt)
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def parse_output(self, ctx: HarnessContext, proc: ProcessOutput) -> HarnessOutput:
+        run = parse_stream(proc.stdout)
+        transcript = {"lines": run.lines, "result": run.result, "tool_uses": run.tool_uses,
+                      "model_requests": run.model_requests}
+        final = run.final_answer
+        if proc.timed_out:
+            return HarnessOutput(status="timeout", final_answer=final, transcript=transcript,
+                                 error="claude-code timed out")
+        if proc.returncode is not None and proc.returncode < 0:
+            return HarnessOutput(status="crashed", final_answer=final, transcript=transcript,
+                                 error=f"claude killed by signal {-proc.returncode}")
+        if run.result is not None and run.succeeded:
+            return HarnessOutput(status="completed", final_answer=final, transcript=transcript)
+        if run.result is not None:
+            # Claude Code ended its own way: an API error, max turns, ...
+            return HarnessOutput(status="failed", final_answer=final, transcript=transcript,
+                                 error=run.error or f"claude exited with code {proc.returncode}")
+        tail = (proc.stderr.strip() or proc.stdout.strip())[-2000:]
+        return HarnessOutput(status="crashed", final_answer=final, transcript=transcript,
+                             error=f"claude exited with code {proc.returncode} without a result"
+                                   + (f": {tail}" if tail else ""))

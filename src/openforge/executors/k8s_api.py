@@ -1,0 +1,268 @@
+"""A thin, retrying adapter over the asyncio Kubernetes client (`kubernetes_asyncio`).
+
+Only the calls the executor makes: Pods (create, delete, deletecollection, list, watch,
+log) and the per-run owner ConfigMap. Transient API errors (409 Conflict other than
+AlreadyExists, 429, 5xx, connection errors) are retried with capped exponential backoff,
+honouring Retry-After; everything else is raised as `ApiException` for the caller to judge.
+Every request is counted (the benchmark reports API calls per rollout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+T = TypeVar("T")
+_RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+# (connect, read) seconds for every call but the watch: a hung API server must not hang us.
+_TIMEOUT = (10.0, 60.0)
+
+
+def reason_of(exc: ApiException) -> str:
+    """The `reason` of the Status body (e.g. AlreadyExists), or the HTTP reason."""
+    try:
+        return str(json.loads(exc.body or "{}").get("reason") or exc.reason or "")
+    except (ValueError, AttributeError):
+        return str(exc.reason or "")
+
+
+def message_of(exc: ApiException) -> str:
+    """The API server's one-line message for a failed call."""
+    try:
+        return str(json.loads(exc.body or "{}").get("message") or exc.reason or exc.status)
+    except (ValueError, AttributeError):
+        return str(exc.reason or exc.status)
+
+
+def is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, ApiException):
+        if exc.status == 409 and reason_of(exc) == "AlreadyExists":
+            return False
+        return exc.status in _RETRY_STATUSES or exc.status == 0
+    return isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError | ConnectionError)
+
+
+class RateLimiter:
+    """A token bucket: `rate` acquisitions per second with bursts of up to `burst`."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] | None = None,
+                 sleep: Callable[[float], Awaitable[None]] | None = None) -> None:
+        self.rate, self.burst = rate, burst
+        self._clock = clock or (lambda: asyncio.get_running_loop().time())
+        self._sleep = sleep or asyncio.sleep
+        self._tokens = float(burst)
+        self._last: float | None = None
+        self._lock = asyncio.Lock()
+
+    async def acquire(self) -> None:
+        async with self._lock:
+            while True:
+                now = self._clock()
+                if self._last is not None:
+                    self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+                self._last = now
+                if self._tokens >= 1:
+                    self._tokens -= 1
+                    return
+                await self._sleep((1 - self._tokens) / self.rate)
+
+
+class KubeApi:
+    """The executor's view of one cluster namespace."""
+
+    def __init__(self, api_client: client.ApiClient, namespace: str, retries: int = 5,
+                 backoff_s: float = 0.5, backoff_max_s: float = 10.0,
+                 calls: Counter[str] | None = None) -> None:
+        self.client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.namespace = namespace
+        self.retries, self.backoff_s, self.backoff_max_s = retries, backoff_s, backoff_max_s
+        self.calls: Counter[str] = calls if calls is not None else Counter()
+
+    @classmethod
+    async def connect(cls, kubeconfig: Path | None, context: str | None, namespace: str,
+                      **retry: Any) -> KubeApi:
+        """From a kubeconfig file, else the in-cluster service account, else $KUBECONFIG."""
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config()
+            api_client = client.ApiClient()
+        else:
+            api_client = await config.new_client_from_config(
+                config_file=str(kubeconfig) if kubeconfig else None, context=context,
+                persist_config=False)
+        return cls(api_client, namespace, **retry)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def call(self, verb: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """`fn()` with retries on transient failures; counts each request under `verb`."""
+        for attempt in range(self.retries + 1):
+            self.calls[verb] += 1
+            try:
+                return await fn()
+            except Exception as exc:
+                if not is_transient(exc) or attempt == self.retries:
+                    raise
+                delay = min(self.backoff_max_s, self.backoff_s * 2 ** attempt)
+                headers = getattr(exc, "headers", None)
+                retry_after = headers.get("Retry-After") if headers else None
+                if retry_after and str(retry_after).isdigit():
+                    delay = min(self.backoff_max_s, max(delay, float(retry_after)))
+                await asyncio.sleep(delay * (0.5 + random.random() / 2))
+        raise AssertionError("unreachable")
+
+    # -- Pods ----------------------------------------------------------------------------------
+
+    async def create_pod(self, pod: client.V1Pod) -> dict[str, Any]:
+        async def create() -> dict[str, Any]:
+            resp = await self.core.create_namespaced_pod(self.namespace, pod,
+                                                         _preload_content=False, _request_timeout=_TIMEOUT)
+            return await _json_or_raise(resp)
+
+        return await self.call("create", create)
+
+    async def read_pod(self, name: str) -> dict[str, Any] | None:
+        async def read() -> dict[str, Any]:
+            resp = await self.core.read_namespaced_pod(name, self.namespace, _preload_content=False, _request_timeout=_TIMEOUT)
+            return await _json_or_raise(resp)
+
+        try:
+            return await self.call("get", read)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def delete_pod(self, name: str, grace_s: int = 0) -> bool:
+        """Delete now (grace 0 by default); False when it was already gone."""
+        async def delete() -> dict[str, Any]:
+            resp = await self.core.delete_namespaced_pod(
+                name, self.namespace, grace_period_seconds=grace_s, _preload_content=False, _request_timeout=_TIMEOUT)
+            return await _json_or_raise(resp)
+
+        try:
+            await self.call("delete", delete)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    async def delete_pods(self, label_selector: str, grace_s: int = 0) -> int:
+        """deletecollection by label; how many Pods it deleted."""
+        async def sweep() -> dict[str, Any]:
+            resp = await self.core.delete_collection_namespaced_pod(
+                self.namespace, label_selector=label_selector, grace_period_seconds=grace_s,
+                _preload_content=False, _request_timeout=_TIMEOUT)
+            return await _json_or_raise(resp)
+
+        body = await self.call("deletecollection", sweep)
+        return len(body.get("items") or [])
+
+    async def list_pods(self, label_selector: str) -> tuple[list[dict[str, Any]], str]:
+        """(pods, the list's resourceVersion) as plain dicts (cheaper than typed models)."""
+        async def list_() -> dict[str, Any]:
+            resp = await self.core.list_namespaced_pod(
+                self.namespace, label_selector=label_selector, _preload_content=False, _request_timeout=_TIMEOUT)
+            return await _json_or_raise(resp)
+
+        body = await self.call("list", list_)
+        return list(body.get("items") or []), str(body.get("metadata", {}).get("resourceVersion", ""))
+
+    async def watch_pods(self, label_selector: str, resource_version: str,
+                         timeout_s: float) -> AsyncIterator[dict[str, Any]]:
+        """Raw watch events ({"type", "object"}) until the server ends the window.
+
+        Not retried here: the watcher re-lists on any failure. An ERROR event (410 Gone for a
+        version older than the server's history) is yielded like any other.
+        """
+        self.calls["watch"] += 1
+        resp: Any = await self.core.list_namespaced_pod(
+            self.namespace, label_selector=label_selector, watch=True,
+            resource_version=resource_version, timeout_seconds=max(1, int(timeout_s)),
+            allow_watch_bookmarks=True, _preload_content=False,
+            _request_timeout=aiohttp.ClientTimeout(total=None, sock_read=timeout_s + 30))
+        try:
+            if resp.status >= 300:
+                raise ApiException(status=resp.status, reason=await resp.text())
+            while True:
+                line = await resp.content.readline()
+                if not line:
+                    return
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            resp.release()
+
+    async def pod_log(self, name: str, tail_lines: int) -> str:
+        """The last lines of the Pod's log; '' when there is none to read."""
+        async def read() -> str:
+            return str(await self.core.read_namespaced_pod_log(
+                name, self.namespace, tail_lines=tail_lines, limit_bytes=256 * 1024,
+                _request_timeout=_TIMEOUT))
+
+        try:
+            return await self.call("log", read)
+        except Exception:  # the tail is a debugging aid: never worth failing a rollout over
+            return ""
+
+    # -- the per-run owner ---------------------------------------------------------------------
+
+    async def ensure_configmap(self, name: str, labels: dict[str, str],
+                               data: dict[str, str]) -> dict[str, Any]:
+        body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name, labels=labels),
+                                  data=data)
+
+        async def create() -> dict[str, Any]:
+            resp = await self.core.create_namespaced_config_map(self.namespace, body,
+                                                                _preload_content=False, _request_timeout=_TIMEOUT)
+            return await _json_or_raise(resp)
+
+        async def read() -> dict[str, Any]:
+            resp = await self.core.read_namespaced_config_map(name, self.namespace,
+                                                              _preload_content=False, _request_timeout=_TIMEOUT)
+            return await _json_or_raise(resp)
+
+        try:
+            return await self.call("create", create)
+        except ApiException as exc:
+            if exc.status == 409 and reason_of(exc) == "AlreadyExists":
+                return await self.call("get", read)
+            raise
+
+    async def delete_configmap(self, name: str) -> None:
+        async def delete() -> dict[str, Any]:
+            resp = await self.core.delete_namespaced_config_map(name, self.namespace,
+                                                                _preload_content=False, _request_timeout=_TIMEOUT)
+            return await _json_or_raise(resp)
+
+        try:
+            await self.call("delete", delete)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+async def _json_or_raise(resp: Any) -> dict[str, Any]:
+    """The JSON body of a raw response, or the ApiException the typed client would raise."""
+    try:
+        data = await resp.read()
+        if not 200 <= resp.status <= 299:
+            exc = ApiException(status=resp.status, reason=resp.reason)
+            exc.body = data.decode(errors="replace")
+            exc.headers = resp.headers
+            raise exc
+        return json.loads(data) if data else {}
+    finally:
+        resp.release()

@@ -1,0 +1,81 @@
+"""A rollout's result as a Kubernetes Pod reports it, when the gateway never got it.
+
+The rollout POSTs its `RolloutResult` to the gateway (primary). Inside a Pod it also writes a
+compact copy to the termination message (at most 4 KiB, kept in the Pod status, so it costs
+no extra API call), and prints the full one as the last log line. This module writes the
+compact copy (in the Pod) and turns a finished Pod's status back into a `RolloutResult`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from openforge.types import RolloutResult
+
+RESULT_PREFIX = "OPENFORGE_RESULT "
+MAX_MESSAGE = 4096
+IMAGE_ERRORS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+                          "ErrImageNeverPull", "CreateContainerConfigError",
+                          "CreateContainerError", "RunContainerError"})
+
+
+def compact_message(result: RolloutResult) -> str:
+    """The result as one `OPENFORGE_RESULT {json}` line of at most 4 KiB."""
+    body = result.model_dump(mode="json", exclude={"harness_output"})
+    line = RESULT_PREFIX + json.dumps(body)
+    if len(line.encode()) > MAX_MESSAGE:
+        for key in ("final_answer", "error"):
+            if body.get(key):
+                body[key] = body[key][:500]
+        if body.get("reward"):
+            body["reward"]["details"] = {}
+        line = RESULT_PREFIX + json.dumps(body)
+    return line if len(line.encode()) <= MAX_MESSAGE else ""
+
+
+def write_termination_message(path: str, result: RolloutResult) -> None:
+    """Write the compact result where the kubelet reads the termination message."""
+    message = compact_message(result)
+    if not message:
+        return
+    try:
+        with open(path, "w") as f:
+            f.write(message)
+    except OSError:
+        pass  # not in a Pod (or no such mount): the gateway and the log carry the result
+
+
+def parse_result(text: str) -> RolloutResult | None:
+    """The last `OPENFORGE_RESULT` line of `text` as a result, if there is a valid one."""
+    for line in reversed(text.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            try:
+                return RolloutResult.model_validate_json(line[len(RESULT_PREFIX):])
+            except ValueError:
+                return None
+    return None
+
+
+def container_state(pod: dict[str, Any]) -> dict[str, Any]:
+    """The `state` of the Pod's first container ({} before the kubelet reported one)."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return (statuses[0].get("state") or {}) if statuses else {}
+
+
+def waiting_error(pod: dict[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) when the container can never start (bad image, bad config)."""
+    waiting = container_state(pod).get("waiting") or {}
+    reason = waiting.get("reason", "")
+    if reason in IMAGE_ERRORS:
+        return reason, waiting.get("message", "")
+    return None
+
+
+def unschedulable(pod: dict[str, Any]) -> str | None:
+    """The scheduler's message when it could not place the Pod."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" \
+                and cond.get("reason") == "Unschedulable":
+            return str(cond.get("message") or "no node fits the Pod")
+    return None
