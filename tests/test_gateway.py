@@ -488,3 +488,18 @@ async def test_text_only_engines_are_recorded_as_inexact(
     assert call.status == "ok" and not call.exact_tokens
     assert call.completion_ids == tiny_bundle.encode("hosted answer")
     assert call.logprobs == [0.0] * len(call.completion_ids)
+
+
+async def test_session_max_tokens_is_a_ceiling_for_requests(gateway: Gateway, store: Store) -> None:
+    from openforge.types import SamplingParams
+
+    session = gateway.open_session(sampling=SamplingParams(max_tokens=7, temperature=0.5))
+    async with httpx.AsyncClient(base_url=f"{gateway.url}/s/{session.token}/v1") as h:
+        for asked in (32000, 3):
+            r = await h.post("/messages", json={
+                "model": "m", "max_tokens": asked, "temperature": 0.9,
+                "messages": [{"role": "user", "content": f"asked {asked}"}]})
+            assert r.status_code == 200
+    calls = store.list_calls(session.id)
+    assert [c.sampling["max_tokens"] for c in calls] == [7, 3]
+    assert [c.sampling["temperature"] for c in calls] == [0.9, 0.9]  # not a ceiling

@@ -185,11 +185,19 @@ def _retry_count(request: Request) -> int:
 
 
 def _merge_sampling(defaults: SamplingParams, requested: SamplingParams) -> SamplingParams:
-    """The session's sampling defaults, overridden by what the request set explicitly."""
+    """The session's sampling defaults, overridden by what the request set explicitly.
+
+    The session's `max_tokens` is a ceiling, not only a default: harnesses ask for what
+    suits a frontier model (Claude Code: 32000 per call), and the run's token budget must
+    still hold. A request may ask for fewer.
+    """
     explicit = requested.model_fields_set
     if not explicit:
         return defaults
-    return defaults.model_copy(update={k: getattr(requested, k) for k in explicit})
+    update = {k: getattr(requested, k) for k in explicit}
+    if "max_tokens" in update:
+        update["max_tokens"] = min(update["max_tokens"], defaults.max_tokens)
+    return defaults.model_copy(update=update)
 
 
 _UNAUTHORIZED = ("invalid session token: use the token of an open session, in the URL path "
