@@ -261,11 +261,11 @@ class Result:
     name: str
     value: float
     target: str
-    met: bool
+    met: bool | None  # None: reported, no target
     fmt: str = "{:.3f}"
 
     def line(self) -> str:
-        verdict = "met" if self.met else "NOT met"
+        verdict = "" if self.met is None else "met" if self.met else "NOT met"
         return f"  {self.name:<34} {self.fmt.format(self.value):>9}   target {self.target:<9} {verdict}"
 
 
@@ -343,7 +343,9 @@ def main() -> None:
         Result("p50 latency ratio (20 ms engine)", latency_ratio, "<= 1.10", latency_ratio <= 1.10),
         Result("throughput ratio (20 ms engine)", throughput_ratio, ">= 0.90",
                throughput_ratio >= 0.90),
-        Result("gateway CPU ms per call (20 ms)", gw_cpu_ms, "report", True, "{:.2f}"),
+        Result("gateway CPU ms per call (20 ms)", gw_cpu_ms, "-", None, "{:.2f}"),
+        Result("gateway CPU ms per call (instant)", used * 1000 / instant.calls, "-", None,
+               "{:.2f}"),
         Result("recorded calls per CPU-second", per_cpu_s, ">= 500", per_cpu_s >= 500, "{:.0f}"),
         Result("token cache bytes per token", bytes_per_token, "<= 8", bytes_per_token <= 8,
                "{:.2f}"),

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness_plugins import CLAUDE_CODE, import_sources, installed, pip_install, with_path
+from harness_plugins import CLAUDE_CODE, import_sources, pip_install, with_path
 
 from openforge.errors import OpenforgeError
 from openforge.harness import HarnessContext, HarnessMissingError, ProcessOutput
@@ -177,8 +177,9 @@ def test_parse_stream_skips_junk() -> None:
 
 
 def test_installed_alone_it_is_listed(tmp_path: Path) -> None:
-    if not installed(CLAUDE_CODE.name):  # else a second copy would register the harness twice
-        pip_install(tmp_path / "site", CLAUDE_CODE)
+    # importlib.metadata lists each distribution once (the first on the path), so this copy
+    # shadows any other installed one instead of registering the harness twice.
+    pip_install(tmp_path / "site", CLAUDE_CODE)
     out = subprocess.run([sys.executable, "-m", "openforge.cli", "plugins"], capture_output=True,
                          text=True, env=with_path(tmp_path / "site"), timeout=120)
     assert out.returncode == 0, out.stderr

@@ -12,17 +12,17 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from harness_plugins import CODEX, import_sources, installed, pip_install, with_path
+import tomli_w
+from harness_plugins import CODEX, import_sources, pip_install, with_path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from openforge.errors import OpenforgeError
-from openforge.harness import HarnessContext, HarnessMissingError, ProcessOutput
+from openforge.harness import HarnessContext, HarnessMissingError, ProcessOutput, drop_none
 from openforge.types import Task
 
 import_sources(CODEX)
 
-from openforge_codex import toml  # noqa: E402
 from openforge_codex.events import parse_events  # noqa: E402
 from openforge_codex.harness import BIN_ENV, KEY_ENV, CodexHarness  # noqa: E402
 
@@ -64,7 +64,7 @@ def test_config_points_at_the_session_and_nothing_else(ctx: HarnessContext) -> N
 def test_extra_config_is_merged_last(ctx: HarnessContext) -> None:
     harness = CodexHarness(config={"model_providers": {"openforge": {"request_max_retries": 2}},
                                    "tools": {"view_image": False}}, reasoning_effort="low")
-    config = tomllib.loads(toml.dumps(harness.config_dict(ctx)))
+    config = tomllib.loads(tomli_w.dumps(drop_none(harness.config_dict(ctx))))
     assert config["model_providers"]["openforge"]["request_max_retries"] == 2
     assert config["model_providers"]["openforge"]["base_url"] == URL
     assert config["tools"] == {"view_image": False}
@@ -197,13 +197,14 @@ _TOML_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
                                  st.dictionaries(st.sampled_from(["a", "b-c", "d e"]), _TOML_TEXT)),
                        max_size=6))
 def test_toml_writer_round_trips(data: dict) -> None:
-    assert tomllib.loads(toml.dumps(data)) == data
+    assert tomllib.loads(tomli_w.dumps(drop_none(data))) == data
 
 
 def test_installed_alone_it_is_listed(tmp_path: Path) -> None:
     """`pip install ./plugins/openforge-codex` adds `codex` to `openforge plugins`."""
-    if not installed(CODEX.name):  # else a second copy would register the harness twice
-        pip_install(tmp_path / "site", CODEX)
+    # importlib.metadata lists each distribution once (the first on the path), so this copy
+    # shadows any other installed one instead of registering the harness twice.
+    pip_install(tmp_path / "site", CODEX)
     out = subprocess.run([sys.executable, "-m", "openforge.cli", "plugins"], capture_output=True,
                          text=True, env=with_path(tmp_path / "site"), timeout=120)
     assert out.returncode == 0, out.stderr

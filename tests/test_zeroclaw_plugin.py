@@ -12,14 +12,14 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import tomli_w
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins/openforge-zeroclaw/src"))
 
 from openforge_zeroclaw import harness as zc  # noqa: E402
-from openforge_zeroclaw import toml  # noqa: E402
 
 from openforge.errors import OpenforgeError  # noqa: E402
-from openforge.harness import HarnessContext, HarnessMissingError, ProcessOutput  # noqa: E402
+from openforge.harness import HarnessContext, HarnessMissingError, ProcessOutput, drop_none  # noqa: E402
 from openforge.types import Task  # noqa: E402
 
 URL = "http://127.0.0.1:4321/s/tok123/v1"
@@ -91,7 +91,7 @@ def test_extra_config_is_merged_last(tmp_path: Path, binary: Path) -> None:
 def test_toml_writer_round_trips_awkward_strings() -> None:
     data = {"a": {"weird key": {"s": 'quote " back\\ nl\n tab\t ünï', "n": 3, "f": 0.5,
                                 "b": True, "l": ["x", "y"], "skip": None}}, "top": 1}
-    assert tomllib.loads(toml.dumps(data)) == {
+    assert tomllib.loads(tomli_w.dumps(drop_none(data))) == {
         "top": 1, "a": {"weird key": {"s": 'quote " back\\ nl\n tab\t ünï', "n": 3, "f": 0.5,
                                       "b": True, "l": ["x", "y"]}}}
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from openforge.errors import OpenforgeError
 from openforge.types import Task
@@ -106,3 +106,57 @@ class Harness(ABC):
         if proc.returncode is not None and proc.returncode < 0:
             return HarnessOutput(status="crashed", error=f"killed by signal {-proc.returncode}")
         return HarnessOutput(status="failed", error=(proc.stderr or proc.stdout)[-2000:])
+
+
+# --- helpers shared by harness plugins -----------------------------------------------------
+
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
+HarnessT = TypeVar("HarnessT", bound=Harness)
+
+
+def validate_options(model: type[OptionsT], options: Mapping[str, Any], harness: str) -> OptionsT:
+    """`options` validated as `model`; a one-line `OpenforgeError` naming the first bad one."""
+    try:
+        return model.model_validate(options)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise OpenforgeError(f"{harness} harness option {where}: {err['msg']}") from None
+
+
+def merge_config(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`extra` over `base`, recursively for nested dicts (a harness's extra config keys)."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_config(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def provider_base_url(session_url: str, api: WireAPI) -> str:
+    """The URL a harness's provider config points at: the session URL, without its trailing
+    `/v1` for Messages, whose clients append `/v1/messages` themselves."""
+    url = session_url.rstrip("/")
+    if api == "messages" and url.endswith("/v1"):
+        return url[: -len("/v1")]
+    return url
+
+
+def drop_none(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` without its None values, recursively in nested dicts: "unset" in a config file
+    (TOML has no null)."""
+    return {key: drop_none(value) if isinstance(value, dict) else value
+            for key, value in data.items() if value is not None}
+
+
+def wire_api_variants(base: type[HarnessT]) -> dict[WireAPI, type[HarnessT]]:
+    """One subclass of `base` per wire API, for a harness whose API is a run option.
+
+    `wire_api` is a class attribute, so a harness that can speak any of them is created as
+    the subclass for the API its options choose.
+    """
+    return {api: type(f"{base.__name__}_{api}", (base,),
+                      {"wire_api": api, "__module__": base.__module__, "__doc__": base.__doc__})
+            for api in get_args(WireAPI)}

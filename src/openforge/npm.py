@@ -34,12 +34,14 @@ import re
 import shutil
 import subprocess
 import tempfile
+from abc import abstractmethod
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from openforge.harness import HarnessMissingError
+from openforge.harness import Harness, HarnessMissingError
 
 CACHE_ENV = "OPENFORGE_CACHE"
 NODE_ENV = "OPENFORGE_NODE_BIN"
@@ -115,6 +117,65 @@ def _override(pkg: NpmPackage) -> Path | None:
 def find_bin(pkg: NpmPackage, cache: Path | str | None = None) -> Path | None:
     """The override or the cached install of `pkg`, without installing anything."""
     return _override(pkg) or cached_bin(pkg, cache)
+
+
+def _given_program(value: str | None, harness: str) -> Path | None:
+    """The program a harness's option `bin` names (set by its `install` for the rollouts);
+    None when the option is unset."""
+    if value is None:
+        return None
+    path = Path(value)
+    if not _is_executable(path):
+        raise HarnessMissingError(f"{harness} harness option bin={path} is not an executable file")
+    return path
+
+
+def _locate_program(pkg: NpmPackage, given: str | None, harness: str) -> Path:
+    """A harness's program without installing it: the option `bin`, the override or cached
+    install of `pkg`, else `PATH`; `HarnessMissingError` saying how to install it."""
+    path = _given_program(given, harness) or find_bin(pkg)
+    if path is not None:
+        return path
+    on_path = shutil.which(pkg.bin)
+    if on_path:
+        return Path(on_path)
+    raise HarnessMissingError(
+        f"{pkg.bin} ({pkg.spec}) is not installed; `openforge run` installs it, or run: "
+        f"npm install -g {pkg.spec}, or set {pkg.env_var}")
+
+
+class NpmHarness(Harness):
+    """A harness whose program is one pinned npm package (`package`).
+
+    `install` finds or installs it once per run and hands its path to the rollouts as the
+    option `bin`; `check` and `program` find it in the sandbox without installing. Messages
+    name the harness by `harness_name`.
+    """
+
+    harness_name: ClassVar[str]
+
+    @property
+    @abstractmethod
+    def package(self) -> NpmPackage:
+        """The npm package (and version) that provides the program."""
+
+    @property
+    def bin_option(self) -> str | None:
+        """The option `bin`: a program to use instead of the package's."""
+        value = self.options.get("bin")
+        return str(value) if value is not None else None
+
+    def install(self, log: Log = print) -> dict[str, Any]:
+        path = _given_program(self.bin_option, self.harness_name) or ensure_bin(self.package,
+                                                                              log=log)
+        return {"bin": str(path)}
+
+    def check(self) -> None:
+        self.program()
+
+    def program(self) -> Path:
+        """The program, without installing it (that is `install`'s job, run once)."""
+        return _locate_program(self.package, self.bin_option, self.harness_name)
 
 
 def _missing(pkg: NpmPackage, cache: Path | str | None, why: str) -> HarnessMissingError:

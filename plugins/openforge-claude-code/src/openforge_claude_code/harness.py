@@ -19,24 +19,21 @@ counts the model requests of the main loop) and a final `result` object.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from openforge.errors import OpenforgeError
 from openforge.harness import (
     Command,
-    Harness,
     HarnessContext,
-    HarnessMissingError,
     HarnessOutput,
     ProcessOutput,
     WireAPI,
+    provider_base_url,
+    validate_options,
 )
-from openforge.npm import NpmPackage, ensure_bin, find_bin
+from openforge.npm import NpmHarness, NpmPackage
 from openforge_claude_code.stream import parse_stream
 
 CLAUDE_PACKAGE = "@anthropic-ai/claude-code"
@@ -67,58 +64,23 @@ class ClaudeCodeOptions(BaseModel):
 
 def anthropic_base_url(session_url: str) -> str:
     """The session URL without its trailing `/v1`: Claude Code appends `/v1/messages`."""
-    url = session_url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
+    return provider_base_url(session_url, "messages")
 
 
-class ClaudeCodeHarness(Harness):
+class ClaudeCodeHarness(NpmHarness):
     """Claude Code (`claude -p`, npm @anthropic-ai/claude-code), Anthropic Messages API."""
 
+    harness_name: ClassVar[str] = "claude-code"
     wire_api: ClassVar[WireAPI] = "messages"
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        try:
-            self.config = ClaudeCodeOptions.model_validate(options)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
-            raise OpenforgeError(f"claude-code harness option {where}: {err['msg']}") from None
-
-    # -- locating the program --------------------------------------------------------------
+        self.config = validate_options(ClaudeCodeOptions, options, "claude-code")
 
     @property
     def package(self) -> NpmPackage:
         return NpmPackage(name=CLAUDE_PACKAGE, version=self.config.version, bin="claude",
                           env_var=BIN_ENV)
-
-    def _given_bin(self) -> Path | None:
-        if self.config.bin is None:
-            return None
-        path = Path(self.config.bin)
-        if not (path.is_file() and os.access(path, os.X_OK)):
-            raise HarnessMissingError(f"claude-code harness option bin={path} is not an executable file")
-        return path
-
-    def install(self, log: Any = print) -> dict[str, Any]:
-        path = self._given_bin() or ensure_bin(self.package, log=log)
-        return {"bin": str(path)}
-
-    def check(self) -> None:
-        self.program()
-
-    def program(self) -> Path:
-        """The claude program, without installing it (that is `install`'s job, run once)."""
-        path = self._given_bin() or find_bin(self.package)
-        if path is None:
-            on_path = shutil.which("claude")
-            if on_path:
-                return Path(on_path)
-            raise HarnessMissingError(
-                f"claude ({CLAUDE_PACKAGE}@{self.config.version}) is not installed; `openforge run` "
-                f"installs it, or run: npm install -g {CLAUDE_PACKAGE}@{self.config.version}, "
-                f"or set {BIN_ENV}")
-        return path
 
     # -- one rollout -----------------------------------------------------------------------
 

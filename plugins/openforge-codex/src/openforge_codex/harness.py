@@ -21,24 +21,23 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field
 
-from openforge.errors import OpenforgeError
 from openforge.harness import (
     Command,
-    Harness,
     HarnessContext,
-    HarnessMissingError,
     HarnessOutput,
     ProcessOutput,
     WireAPI,
+    drop_none,
+    merge_config,
+    validate_options,
 )
-from openforge.npm import NpmPackage, ensure_bin, find_bin
-from openforge_codex import toml
+from openforge.npm import NpmHarness, NpmPackage
 from openforge_codex.events import parse_events
 
 CODEX_PACKAGE = "@openai/codex"
@@ -68,63 +67,19 @@ class CodexOptions(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)  # extra config.toml keys (merged last)
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-class CodexHarness(Harness):
+class CodexHarness(NpmHarness):
     """OpenAI Codex CLI (`codex exec`, npm @openai/codex), Responses API."""
 
+    harness_name: ClassVar[str] = "codex"
     wire_api: ClassVar[WireAPI] = "responses"
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        try:
-            self.config = CodexOptions.model_validate(options)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
-            raise OpenforgeError(f"codex harness option {where}: {err['msg']}") from None
-
-    # -- locating the program --------------------------------------------------------------
+        self.config = validate_options(CodexOptions, options, "codex")
 
     @property
     def package(self) -> NpmPackage:
         return NpmPackage(name=CODEX_PACKAGE, version=self.config.version, bin="codex", env_var=BIN_ENV)
-
-    def _given_bin(self) -> Path | None:
-        if self.config.bin is None:
-            return None
-        path = Path(self.config.bin)
-        if not (path.is_file() and os.access(path, os.X_OK)):
-            raise HarnessMissingError(f"codex harness option bin={path} is not an executable file")
-        return path
-
-    def install(self, log: Any = print) -> dict[str, Any]:
-        path = self._given_bin() or ensure_bin(self.package, log=log)
-        return {"bin": str(path)}
-
-    def check(self) -> None:
-        self.program()
-
-    def program(self) -> Path:
-        """The codex program, without installing it (that is `install`'s job, run once)."""
-        path = self._given_bin() or find_bin(self.package)
-        if path is None:
-            on_path = shutil.which("codex")
-            if on_path:
-                return Path(on_path)
-            raise HarnessMissingError(
-                f"codex ({CODEX_PACKAGE}@{self.config.version}) is not installed; `openforge run` "
-                f"installs it, or run: npm install -g {CODEX_PACKAGE}@{self.config.version}, "
-                f"or set {BIN_ENV}")
-        return path
 
     # -- one rollout -----------------------------------------------------------------------
 
@@ -157,12 +112,13 @@ class CodexHarness(Harness):
                 "stream_idle_timeout_ms": cfg.stream_idle_timeout_ms,
             }},
         }
-        return _merge(base, cfg.config)
+        return merge_config(base, cfg.config)
 
     def prepare(self, ctx: HarnessContext) -> None:
         home = self.codex_home(ctx)
         home.mkdir(parents=True, exist_ok=True)
-        (home / "config.toml").write_text(toml.dumps(self.config_dict(ctx)), encoding="utf-8")
+        (home / "config.toml").write_text(tomli_w.dumps(drop_none(self.config_dict(ctx))),
+                                          encoding="utf-8")
 
     def command(self, ctx: HarnessContext) -> Command:
         argv = [str(self.program()), "exec", "--json", "--skip-git-repo-check",

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from openforge.harness import HarnessContext, WireAPI
+from openforge.harness import HarnessContext, WireAPI, merge_config, provider_base_url
 
 OPENCLAW_PACKAGE = "openclaw"
 OPENCLAW_VERSION = "2026.9.6"
@@ -49,26 +49,6 @@ class OpenClawOptions(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)  # extra config keys, merged last
 
 
-def provider_base_url(base_url: str, api: Api) -> str:
-    """The provider `baseUrl`: the session URL; without `/v1` for Messages, whose
-    client appends `/v1/messages` itself."""
-    url = base_url.rstrip("/")
-    if api == "messages" and url.endswith("/v1"):
-        return url[: -len("/v1")]
-    return url
-
-
-def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """`extra` over `base`, recursively for nested dicts."""
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def build_config(ctx: HarnessContext, options: OpenClawOptions) -> dict[str, Any]:
     """The OpenClaw config for one rollout."""
     model = {"id": ctx.model, "name": ctx.model, "reasoning": False, "input": ["text"],
@@ -87,7 +67,7 @@ def build_config(ctx: HarnessContext, options: OpenClawOptions) -> dict[str, Any
         "agents": {"defaults": {"model": {"primary": f"{PROVIDER}/{ctx.model}"},
                                 "workspace": str(ctx.workspace)}},
     }
-    return merge(base, options.config)
+    return merge_config(base, options.config)
 
 
 def config_path(ctx: HarnessContext) -> Path:

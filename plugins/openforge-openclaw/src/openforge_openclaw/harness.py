@@ -24,9 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import ValidationError
-
-from openforge.errors import OpenforgeError
 from openforge.harness import (
     Command,
     Harness,
@@ -35,6 +32,8 @@ from openforge.harness import (
     HarnessOutput,
     ProcessOutput,
     WireAPI,
+    validate_options,
+    wire_api_variants,
 )
 from openforge.npm import NpmPackage, ensure_bin, ensure_node, find_bin, install_command
 from openforge_openclaw.config import (
@@ -81,15 +80,6 @@ def finish_install(node: Path, entry: Path) -> None:
                                   f"(exit code {proc.returncode}): {tail}")
 
 
-def parse_options(options: dict[str, Any]) -> OpenClawOptions:
-    try:
-        return OpenClawOptions.model_validate(options)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise OpenforgeError(f"openclaw harness option {where}: {err['msg']}") from None
-
-
 class OpenClawHarness(Harness):
     """OpenClaw (`openclaw agent exec`, npm openclaw): chat, Responses or Messages by option `api`."""
 
@@ -97,7 +87,7 @@ class OpenClawHarness(Harness):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.config = parse_options(options)
+        self.config = validate_options(OpenClawOptions, options, "openclaw")
 
     # -- locating the program --------------------------------------------------------------
 
@@ -179,23 +169,10 @@ class OpenClawHarness(Harness):
         return output
 
 
-class OpenClawChat(OpenClawHarness):
-    wire_api: ClassVar[WireAPI] = "chat"
-
-
-class OpenClawResponses(OpenClawHarness):
-    wire_api: ClassVar[WireAPI] = "responses"
-
-
-class OpenClawMessages(OpenClawHarness):
-    wire_api: ClassVar[WireAPI] = "messages"
-
-
-_BY_API: dict[str, type[OpenClawHarness]] = {
-    "chat": OpenClawChat, "responses": OpenClawResponses, "messages": OpenClawMessages}
+_BY_API = wire_api_variants(OpenClawHarness)
 
 
 def create(**options: Any) -> OpenClawHarness:
     """OpenClaw (`openclaw agent exec`, npm openclaw): chat, Responses or Messages by option `api`."""
-    api = parse_options(options).api
+    api = validate_options(OpenClawOptions, options, "openclaw").api
     return _BY_API[api](**options)

@@ -16,10 +16,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+import tomli_w
 from pydantic import BaseModel, ConfigDict, Field
 
-from openforge.harness import HarnessContext, WireAPI
-from openforge_zeroclaw import toml
+from openforge.harness import (
+    HarnessContext,
+    WireAPI,
+    drop_none,
+    merge_config,
+    provider_base_url,
+)
 
 ALIAS = "of"
 SCHEMA_VERSION = 3
@@ -41,34 +47,16 @@ class ZeroClawOptions(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)  # extra config keys, merged last
 
 
-def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """`extra` over `base`, recursively for nested dicts."""
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def provider_slot(api: Api) -> str:
     """The provider family slot: `custom` (OpenAI-compatible) or `anthropic`."""
     return "anthropic" if api == "messages" else "custom"
-
-
-def provider_uri(base_url: str, api: Api) -> str:
-    url = base_url.rstrip("/")
-    if api == "messages" and url.endswith("/v1"):
-        return url[: -len("/v1")]
-    return url
 
 
 def build_config(ctx: HarnessContext, options: ZeroClawOptions) -> dict[str, Any]:
     """The ZeroClaw config for one rollout, as nested dicts (None values are left out)."""
     slot = provider_slot(options.api)
     provider: dict[str, Any] = {
-        "uri": provider_uri(ctx.base_url, options.api),
+        "uri": provider_base_url(ctx.base_url, options.api),
         "model": ctx.model,
         "api_key": ctx.api_key,
         "wire_api": "responses" if options.api == "responses" else None,
@@ -99,7 +87,7 @@ def build_config(ctx: HarnessContext, options: ZeroClawOptions) -> dict[str, Any
         # Every rollout starts fresh: no memories carried between tasks.
         "memory": {"auto_save": False},
     }
-    return merge(base, options.config)
+    return merge_config(base, options.config)
 
 
 def config_dir(ctx: HarnessContext) -> Path:
@@ -110,5 +98,5 @@ def write_config(ctx: HarnessContext, options: ZeroClawOptions) -> Path:
     """Write `$HOME/.zeroclaw/config.toml` into the rollout's isolated HOME."""
     path = config_dir(ctx) / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(toml.dumps(build_config(ctx, options)))
+    path.write_text(tomli_w.dumps(drop_none(build_config(ctx, options))))
     return path

@@ -18,9 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import ValidationError
-
-from openforge.errors import OpenforgeError
 from openforge.harness import (
     Command,
     Harness,
@@ -29,6 +26,8 @@ from openforge.harness import (
     HarnessOutput,
     ProcessOutput,
     WireAPI,
+    validate_options,
+    wire_api_variants,
 )
 from openforge_zeroclaw.config import ALIAS, ZeroClawOptions, config_dir, write_config
 
@@ -41,15 +40,6 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _ENDPOINT_DOWN = re.compile(
     r"connection refused|error sending request|connection reset|timed out|"
     r"\b(?:500|502|503|504)\b|internal server error|service unavailable|bad gateway", re.I)
-
-
-def parse_options(options: dict[str, Any]) -> ZeroClawOptions:
-    try:
-        return ZeroClawOptions.model_validate(options)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise OpenforgeError(f"zeroclaw harness option {where}: {err['msg']}") from None
 
 
 def find_zeroclaw(given: str | None) -> Path:
@@ -74,7 +64,7 @@ class ZeroClawHarness(Harness):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.config = parse_options(options)
+        self.config = validate_options(ZeroClawOptions, options, "zeroclaw")
 
     def install(self, log: Callable[[str], None] = print) -> dict[str, Any]:
         return {"bin": str(find_zeroclaw(self.config.bin))}
@@ -120,22 +110,9 @@ def to_output(proc: ProcessOutput) -> HarnessOutput:
     return HarnessOutput(status="failed", final_answer=answer, transcript=transcript, error=message)
 
 
-class ZeroClawChat(ZeroClawHarness):
-    wire_api: ClassVar[WireAPI] = "chat"
-
-
-class ZeroClawResponses(ZeroClawHarness):
-    wire_api: ClassVar[WireAPI] = "responses"
-
-
-class ZeroClawMessages(ZeroClawHarness):
-    wire_api: ClassVar[WireAPI] = "messages"
-
-
-_BY_API: dict[str, type[ZeroClawHarness]] = {
-    "chat": ZeroClawChat, "responses": ZeroClawResponses, "messages": ZeroClawMessages}
+_BY_API = wire_api_variants(ZeroClawHarness)
 
 
 def create(**options: Any) -> ZeroClawHarness:
     """ZeroClaw (`zeroclaw agent -m`, Rust binary from ZEROCLAW_BIN or PATH): chat, Responses or Messages."""
-    return _BY_API[parse_options(options).api](**options)
+    return _BY_API[validate_options(ZeroClawOptions, options, "zeroclaw").api](**options)

@@ -32,7 +32,9 @@ from openforge.gateway.dialects.base import (
     opt_bool,
     opt_object,
     opt_str,
+    read_parts,
     read_sampling,
+    read_tool,
     require_object,
     split_deltas,
     sse_event,
@@ -68,23 +70,7 @@ def _image(block: dict[str, Any], where: str) -> ImageRef | None:
 
 def _text_and_images(value: Any, field: str) -> tuple[str, list[ImageRef]]:
     """Text blocks joined by newlines plus images; other block types are skipped."""
-    if value is None:
-        return "", []
-    if isinstance(value, str):
-        return value, []
-    texts: list[str] = []
-    images: list[ImageRef] = []
-    for i, raw in enumerate(as_list(value, field)):
-        where = f"{field}[{i}]"
-        block = require_object(raw, where)
-        kind = block.get("type")
-        if kind == "text":
-            texts.append(opt_str(block, "text", f"{where}.text") or "")
-        elif kind == "image":
-            image = _image(block, where)
-            if image is not None:
-                images.append(image)
-    return "\n".join(texts), images
+    return read_parts(value, field, text_types=("text",), image_type="image", read_image=_image)
 
 
 def _user_messages(content: Any, where: str) -> list[Message]:
@@ -201,17 +187,7 @@ def _tools(value: Any) -> list[Tool]:
         tool = require_object(raw, f"tools[{i}]")
         if tool.get("type", "custom") not in ("custom", None):
             continue
-        name = opt_str(tool, "name", f"tools[{i}].name")
-        if not name:
-            raise DialectError(f"'tools[{i}].name' is required")
-        out = Tool(name=name,
-                   description=opt_str(tool, "description", f"tools[{i}].description") or "")
-        schema = opt_object(tool, "input_schema", f"tools[{i}].input_schema")
-        if schema is not None:
-            check_depth(schema, f"tools[{i}].input_schema")
-        if schema is not None:
-            out.parameters = schema
-        tools.append(out)
+        tools.append(read_tool(tool, f"tools[{i}]", "input_schema"))
     return tools
 
 

@@ -17,10 +17,10 @@ import json
 import math
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, ClassVar, Literal
 
-from openforge.gateway.conversation import ChatRequest, Completion, Message
+from openforge.gateway.conversation import ChatRequest, Completion, ImageRef, Message, Tool
 from openforge.gateway.dialects.memo import HistoryMemo
 from openforge.types import SamplingParams
 
@@ -385,6 +385,53 @@ def tool_arguments(value: Any, field: str) -> str:
     raise bad_type(field, "a JSON string or an object", value)
 
 
+def read_parts(
+    value: Any,
+    field: str,
+    *,
+    text_types: Collection[str],
+    image_type: str,
+    read_image: Callable[[dict[str, Any], str], ImageRef | None],
+) -> tuple[str, list[ImageRef]]:
+    """Text and images of a `content` that is a string, null, or a list of typed parts.
+
+    Text parts (`type` in `text_types`, text under `text`) are joined with newlines;
+    `read_image(part, where)` reads an `image_type` part (None: an image the gateway cannot
+    resolve, skipped); parts of other types are skipped.
+    """
+    if value is None:
+        return "", []
+    if isinstance(value, str):
+        return value, []
+    texts: list[str] = []
+    images: list[ImageRef] = []
+    for i, raw in enumerate(as_list(value, field)):
+        where = f"{field}[{i}]"
+        part = require_object(raw, where)
+        kind = part.get("type")
+        if kind in text_types:
+            texts.append(opt_str(part, "text", f"{where}.text") or "")
+        elif kind == image_type:
+            image = read_image(part, where)
+            if image is not None:
+                images.append(image)
+    return "\n".join(texts), images
+
+
+def read_tool(obj: dict[str, Any], where: str, schema_key: str) -> Tool:
+    """A function tool from the object holding its `name`, `description` and JSON schema
+    (under `schema_key`); `where` is that object's path, for error messages."""
+    name = opt_str(obj, "name", f"{where}.name")
+    if not name:
+        raise DialectError(f"'{where}.name' is required")
+    tool = Tool(name=name, description=opt_str(obj, "description", f"{where}.description") or "")
+    schema = opt_object(obj, schema_key, f"{where}.{schema_key}")
+    if schema is not None:
+        check_depth(schema, f"{where}.{schema_key}")
+        tool.parameters = schema
+    return tool
+
+
 def check_tool_results(messages: list[Message]) -> None:
     """Every tool result must answer a tool call made earlier in the conversation."""
     called: set[str] = set()
@@ -416,6 +463,25 @@ def default_error_type(status: int) -> str:
     if status in _ERROR_TYPES:
         return _ERROR_TYPES[status]
     return "api_error" if status >= 500 else "invalid_request_error"
+
+
+def openai_usage(completion: Completion) -> dict[str, Any]:
+    """The token counts of an OpenAI chat / completions `usage` object."""
+    return {
+        "prompt_tokens": completion.prompt_tokens,
+        "completion_tokens": completion.completion_tokens,
+        "total_tokens": completion.prompt_tokens + completion.completion_tokens,
+    }
+
+
+def openai_stream_end(
+    head: dict[str, Any], usage: dict[str, Any], request: ChatRequest | None
+) -> Iterator[bytes]:
+    """The frames after the last choice chunk of a chat / completions stream: the usage
+    chunk when the request asked for it (`stream_options.include_usage`), then `[DONE]`."""
+    if request is not None and request.include_usage:
+        yield sse_data({**head, "choices": [], "usage": usage})
+    yield b"data: [DONE]\n\n"
 
 
 def openai_error(status: int, message: str, error_type: str = "") -> dict[str, Any]:

@@ -18,16 +18,18 @@ from openforge.gateway.dialects.base import (
     DialectError,
     as_list,
     bad_type,
-    check_depth,
     check_tool_results,
     finish_reason,
     openai_error,
+    openai_stream_end,
+    openai_usage,
     opt_bool,
     opt_int,
     opt_list,
     opt_object,
     opt_str,
     read_sampling,
+    read_tool,
     require_object,
     split_deltas,
     sse_data,
@@ -131,26 +133,14 @@ def read_tools(value: Any) -> list[Tool]:
         fn = opt_object(tool, "function", f"tools[{i}].function")
         if fn is None:
             raise DialectError(f"'tools[{i}].function' is required")
-        name = opt_str(fn, "name", f"tools[{i}].function.name")
-        if not name:
-            raise DialectError(f"'tools[{i}].function.name' is required")
-        description = opt_str(fn, "description", f"tools[{i}].function.description") or ""
-        params = opt_object(fn, "parameters", f"tools[{i}].function.parameters")
-        if params is not None:
-            check_depth(params, f"tools[{i}].function.parameters")
-        tool_out = Tool(name=name, description=description)
-        if params is not None:
-            tool_out.parameters = params
-        tools.append(tool_out)
+        tools.append(read_tool(fn, f"tools[{i}].function", "parameters"))
     return tools
 
 
 def usage(completion: Completion) -> dict[str, Any]:
-    """OpenAI chat/completions usage, with the cached and reasoning token details."""
+    """OpenAI chat usage, with the cached and reasoning token details."""
     return {
-        "prompt_tokens": completion.prompt_tokens,
-        "completion_tokens": completion.completion_tokens,
-        "total_tokens": completion.prompt_tokens + completion.completion_tokens,
+        **openai_usage(completion),
         "prompt_tokens_details": {"cached_tokens": completion.cached_tokens},
         "completion_tokens_details": {"reasoning_tokens": completion.reasoning_tokens},
     }
@@ -262,9 +252,7 @@ class ChatDialect(Dialect):
             for piece in split_deltas(call.arguments):
                 yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
         yield chunk({}, finish_reason(completion))
-        if request is not None and request.include_usage:
-            yield sse_data({**head, "choices": [], "usage": usage(completion)})
-        yield b"data: [DONE]\n\n"
+        yield from openai_stream_end(head, usage(completion), request)
 
     def error(self, status: int, message: str, error_type: str = "") -> dict[str, Any]:
         return openai_error(status, message, error_type)

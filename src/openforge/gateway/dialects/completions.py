@@ -16,6 +16,8 @@ from openforge.gateway.dialects.base import (
     DialectError,
     bad_type,
     openai_error,
+    openai_stream_end,
+    openai_usage,
     opt_bool,
     opt_object,
     opt_str,
@@ -61,14 +63,6 @@ def _read_prompt(value: Any) -> tuple[str | None, list[int] | None]:
     raise bad_type("prompt", "a non-empty string or an array of token ids", value)
 
 
-def usage(completion: Completion) -> dict[str, Any]:
-    return {
-        "prompt_tokens": completion.prompt_tokens,
-        "completion_tokens": completion.completion_tokens,
-        "total_tokens": completion.prompt_tokens + completion.completion_tokens,
-    }
-
-
 def _finish(completion: Completion) -> str:
     return "length" if completion.finish_reason == "length" else "stop"
 
@@ -111,7 +105,7 @@ class CompletionsDialect(Dialect):
             "model": model,
             "choices": [{"index": 0, "text": completion.message.content, "logprobs": None,
                          "finish_reason": _finish(completion)}],
-            "usage": usage(completion),
+            "usage": openai_usage(completion),
         }
 
     def stream(
@@ -133,9 +127,7 @@ class CompletionsDialect(Dialect):
         for piece in split_deltas(completion.message.content):
             yield chunk(piece)
         yield chunk("", _finish(completion))
-        if request is not None and request.include_usage:
-            yield sse_data({**head, "choices": [], "usage": usage(completion)})
-        yield b"data: [DONE]\n\n"
+        yield from openai_stream_end(head, openai_usage(completion), request)
 
     def error(self, status: int, message: str, error_type: str = "") -> dict[str, Any]:
         return openai_error(status, message, error_type)

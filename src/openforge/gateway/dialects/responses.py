@@ -27,14 +27,14 @@ from openforge.gateway.dialects.base import (
     DialectError,
     as_list,
     bad_type,
-    check_depth,
     check_tool_results,
     id_suffix,
     openai_error,
     opt_bool,
-    opt_object,
     opt_str,
+    read_parts,
     read_sampling,
+    read_tool,
     require_object,
     split_deltas,
     sse_event,
@@ -46,25 +46,15 @@ _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant"
 _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 
 
+def _input_image(part: dict[str, Any], where: str) -> ImageRef | None:
+    url = opt_str(part, "image_url", f"{where}.image_url")
+    return ImageRef(url=url) if url else None  # a `file_id` reference cannot be resolved here
+
+
 def _read_content(value: Any, field: str) -> tuple[str, list[ImageRef]]:
     """Text and images of a message's `content` (string or list of content parts)."""
-    if value is None:
-        return "", []
-    if isinstance(value, str):
-        return value, []
-    texts: list[str] = []
-    images: list[ImageRef] = []
-    for i, raw in enumerate(as_list(value, field)):
-        where = f"{field}[{i}]"
-        part = require_object(raw, where)
-        kind = part.get("type")
-        if kind in _TEXT_PARTS:
-            texts.append(opt_str(part, "text", f"{where}.text") or "")
-        elif kind == "input_image":
-            url = opt_str(part, "image_url", f"{where}.image_url")
-            if url:  # a `file_id` reference cannot be resolved here: skipped
-                images.append(ImageRef(url=url))
-    return "\n".join(texts), images
+    return read_parts(value, field, text_types=_TEXT_PARTS, image_type="input_image",
+                      read_image=_input_image)
 
 
 def _reasoning_text(item: dict[str, Any], where: str) -> str:
@@ -171,17 +161,7 @@ def _read_tools(value: Any) -> list[Tool]:
         tool = require_object(raw, f"tools[{i}]")
         if tool.get("type") != "function":
             continue
-        name = opt_str(tool, "name", f"tools[{i}].name")
-        if not name:
-            raise DialectError(f"'tools[{i}].name' is required")
-        out = Tool(name=name, description=opt_str(tool, "description",
-                                                  f"tools[{i}].description") or "")
-        params = opt_object(tool, "parameters", f"tools[{i}].parameters")
-        if params is not None:
-            check_depth(params, f"tools[{i}].parameters")
-        if params is not None:
-            out.parameters = params
-        tools.append(out)
+        tools.append(read_tool(tool, f"tools[{i}]", "parameters"))
     return tools
 
 

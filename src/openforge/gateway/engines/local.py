@@ -71,6 +71,14 @@ class EngineLog(collections.deque):
     def __init__(self, maxlen: int = 10_000) -> None:
         super().__init__(maxlen=maxlen)
 
+    def record(self, request: GenerateRequest, completion_ids: list[int],
+               logprobs: list[float], finish_reason: str) -> None:
+        """Append the entry of one finished generation of `request`."""
+        self.append(EngineLogEntry(
+            request_id=request.request_id, session_id=request.session_id,
+            prompt_ids=list(request.prompt_ids), completion_ids=completion_ids,
+            logprobs=logprobs, finish_reason=finish_reason))
+
 
 class LocalEngine(Engine):
     """Generate with a transformers model loaded from the bundle's folder.
@@ -156,10 +164,7 @@ class LocalEngine(Engine):
                 # letting it run to max_tokens while holding the model.
                 cancelled.set()
                 raise
-        self.log.append(EngineLogEntry(
-            request_id=request.request_id, session_id=request.session_id,
-            prompt_ids=list(request.prompt_ids), completion_ids=ids, logprobs=logprobs,
-            finish_reason=finish))
+        self.log.record(request, ids, logprobs, finish)
         return GenerateResult(completion_ids=ids, logprobs=logprobs, finish_reason=finish,
                               weight_version=self.weight_version)
 

@@ -36,7 +36,7 @@ from openforge.gateway.engines.base import (
     GenerateRequest,
     GenerateResult,
 )
-from openforge.gateway.engines.local import EngineLog, EngineLogEntry, Finish
+from openforge.gateway.engines.local import EngineLog, Finish
 from openforge.gateway.render import assistant_turn_ids, new_tool_call_id
 
 
@@ -169,10 +169,7 @@ class ScriptedEngine(Engine):
         if len(ids) > request.sampling.max_tokens:
             ids, finish = ids[:request.sampling.max_tokens], "length"
         logprobs = [0.0] * len(ids)
-        self.log.append(EngineLogEntry(
-            request_id=request.request_id, session_id=request.session_id,
-            prompt_ids=list(request.prompt_ids), completion_ids=ids, logprobs=logprobs,
-            finish_reason=finish))
+        self.log.record(request, ids, logprobs, finish)
         return GenerateResult(completion_ids=ids, logprobs=logprobs, finish_reason=finish,
                               weight_version=self.weight_version)
 

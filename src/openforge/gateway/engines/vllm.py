@@ -19,7 +19,7 @@ from openforge.gateway.engines.base import (
     GenerateRequest,
     GenerateResult,
 )
-from openforge.gateway.engines.local import EngineLog, EngineLogEntry, Finish
+from openforge.gateway.engines.local import EngineLog, Finish
 
 APIS = ("generate", "completions")
 
@@ -123,10 +123,7 @@ class VLLMEngine(Engine):
             data = await self._post("/v1/completions", body)
             ids, logprobs, finish = _read_completions(data)
             self._version = _version_of(data.get("weight_versions")) or self._version
-        self.log.append(EngineLogEntry(
-            request_id=request.request_id, session_id=request.session_id,
-            prompt_ids=list(request.prompt_ids), completion_ids=ids, logprobs=logprobs,
-            finish_reason=finish))
+        self.log.record(request, ids, logprobs, finish)
         return GenerateResult(completion_ids=ids, logprobs=logprobs, finish_reason=finish,
                               weight_version=self._version)
 
