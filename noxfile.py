@@ -74,7 +74,8 @@ def verl(session: nox.Session) -> None:
     session.install(TORCH)
     session.install(TORCH, "verl[verl-core]==0.9.1")
     session.install(TORCH, "-e", ".[test,verl]")
-    session.run("python", "-m", "pytest", "-q", "tests/test_training_verl.py", *session.posargs)
+    session.run("python", "-m", "pytest", "-q", "tests/test_training_verl.py",
+                "tests/test_export.py", "-k", "verl", *session.posargs)
 
 
 @nox.session

@@ -1,0 +1,179 @@
+"""Parameterized workspace-task families for the `demo` training recipe, with a teacher.
+
+The 12 fixed `demo` tasks are too few to tell learning from memorizing. Here each family
+(write a file, append a line, rename, ...) is instantiated with names and words from small
+pools; `split="train"` and `split="test"` are disjoint sets of instances, so the recipe
+measures reward on held-out tasks the policy never trained on. `teacher_script()` writes
+the scripted engine's solutions for a set of instances: the demonstrations for SFT.
+
+Use it as the environment `openforge.training.demo_tasks:FamilyEnvironment` (options:
+`train_per_family`, `test_per_family`, `seed`, `families`, `pool_size`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from openforge.environment import Environment
+from openforge.types import RewardResult, Task
+
+ENV_TARGET = "openforge.training.demo_tasks:FamilyEnvironment"
+NAMES = ("notes", "data", "todo", "report", "items", "plan", "draft", "memo", "log", "list")
+WORDS = ("apple", "river", "green", "stone", "cloud", "tiger", "light", "paper", "music", "bread")
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One task: its prompt, fixture files, the teacher's tool call, and the expected result."""
+
+    id: str
+    family: str
+    prompt: str
+    files: dict[str, str]
+    tool: str  # shell | write_file
+    arguments: dict[str, str]
+
+
+Check = Callable[[Path, dict[str, Any]], float]
+
+
+def _text(ws: Path, name: str) -> str | None:
+    path = ws / name
+    return path.read_text(errors="replace") if path.is_file() else None
+
+
+def _make(family: str, name: str, word: str) -> Instance:
+    iid = f"{family}-{name}-{word}"
+    if family == "write":
+        return Instance(iid, family, f"Create a file named {name}.txt containing exactly: {word}",
+                        {}, "write_file", {"path": f"{name}.txt", "content": word})
+    if family == "append":
+        return Instance(iid, family, f"Append a line with the text {word} to {name}.txt.",
+                        {f"{name}.txt": "first\nsecond\n"}, "shell",
+                        {"command": f"echo {word} >> {name}.txt"})
+    if family == "rename":
+        return Instance(iid, family, f"Rename {name}.txt to {word}.txt.",
+                        {f"{name}.txt": "keep this\n"}, "shell",
+                        {"command": f"mv {name}.txt {word}.txt"})
+    if family == "count":
+        lines = 3 + len(word)
+        return Instance(iid, family, f"Count the lines of {name}.txt and write just the number "
+                        "to count.txt.", {f"{name}.txt": "".join(f"{word} {i}\n" for i in range(lines))},
+                        "shell", {"command": f"wc -l < {name}.txt > count.txt"})
+    if family == "delete":
+        return Instance(iid, family, f"Delete the file {name}.txt and keep {word}.txt.",
+                        {f"{name}.txt": "x\n", f"{word}.txt": "y\n"}, "shell",
+                        {"command": f"rm {name}.txt"})
+    if family == "package":
+        return Instance(iid, family, f"Create the directory {name} with an empty __init__.py "
+                        "file in it.", {}, "write_file",
+                        {"path": f"{name}/__init__.py", "content": ""})
+    raise KeyError(family)
+
+
+FAMILIES = ("write", "append", "rename", "count", "delete", "package")
+
+
+def _score(inst: Instance, ws: Path) -> tuple[float, dict[str, Any]]:
+    name = inst.id.split("-")[1]
+    word = inst.id.split("-")[2]
+    if inst.family == "write":
+        got = _text(ws, f"{name}.txt")
+        return (1.0, {}) if got is not None and got.strip() == word else (0.0, {"got": got})
+    if inst.family == "append":
+        lines = (_text(ws, f"{name}.txt") or "").splitlines()
+        return (1.0, {}) if lines == ["first", "second", word] else (0.0, {"got": lines[-3:]})
+    if inst.family == "rename":
+        ok = _text(ws, f"{word}.txt") == "keep this\n" and not (ws / f"{name}.txt").exists()
+        return (1.0 if ok else 0.0), {}
+    if inst.family == "count":
+        got = (_text(ws, "count.txt") or "").strip()
+        return (1.0, {}) if got == str(3 + len(word)) else (0.0, {"got": got})
+    if inst.family == "delete":
+        ok = not (ws / f"{name}.txt").exists() and (ws / f"{word}.txt").is_file()
+        return (1.0 if ok else 0.0), {}
+    if inst.family == "package":
+        return (1.0 if (ws / name / "__init__.py").is_file() else 0.0), {}
+    raise KeyError(inst.family)
+
+
+def instances(split: str | None, train_per_family: int = 10, test_per_family: int = 3,
+              seed: int = 0, families: Sequence[str] = FAMILIES,
+              pool_size: int = len(NAMES)) -> list[Instance]:
+    """The instances of a split: for each family, disjoint (name, word) pairs per split.
+
+    `pool_size` takes the first names and words of the pools: fewer distinct values make
+    each one seen more often in training (easier to generalize from few demonstrations).
+    """
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown task families {unknown}; known: {', '.join(FAMILIES)}")
+    out: list[Instance] = []
+    for family in families:
+        pairs = [(n, w) for n, w in itertools.product(NAMES[:pool_size], WORDS[:pool_size])]
+        random.Random(f"{seed}-{family}").shuffle(pairs)
+        chosen = {"train": pairs[:train_per_family],
+                  "test": pairs[train_per_family:train_per_family + test_per_family]}
+        for split_name, split_pairs in chosen.items():
+            if split is None or split == split_name:
+                out.extend(_make(family, n, w) for n, w in split_pairs)
+    return out
+
+
+def _parse_id(task_id: str) -> Instance:
+    family, name, word = task_id.split("-")
+    return _make(family, name, word)
+
+
+class FamilyEnvironment(Environment):
+    """Parameterized workspace tasks with train / test splits of distinct instances."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.train_per_family = int(options.get("train_per_family", 10))
+        self.test_per_family = int(options.get("test_per_family", 3))
+        self.seed = int(options.get("seed", 0))
+        self.families = list(options.get("families") or FAMILIES)
+        self.pool_size = int(options.get("pool_size", len(NAMES)))
+
+    def tasks(self, split: str | None = None) -> Iterable[Task]:
+        for split_name in ("train", "test"):
+            if split is not None and split != split_name:
+                continue
+            for inst in instances(split_name, self.train_per_family, self.test_per_family,
+                                  self.seed, self.families, self.pool_size):
+                yield Task(id=inst.id, prompt=inst.prompt, environment="demo-families",
+                           split=split_name, data={"family": inst.family})
+
+    def prepare(self, task: Task, workspace: Path) -> None:
+        for rel, text in _parse_id(task.id).files.items():
+            path = workspace / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+
+    def final_state(self, task: Task, workspace: Path) -> dict[str, Any]:
+        return {"files": sorted(str(p.relative_to(workspace)) for p in workspace.rglob("*"))[:100]}
+
+    def check(self, task: Task, workspace: Path, final_state: dict[str, Any]) -> RewardResult:
+        score, details = _score(_parse_id(task.id), workspace)
+        return RewardResult(score=score, passed=score >= 1.0, details=details)
+
+
+def teacher_script(tasks: Iterable[Task], path: Path) -> Path:
+    """Write the scripted engine's solution for each task: one tool call, then "Done."."""
+    entries = []
+    for task in tasks:
+        inst = _parse_id(task.id)
+        entries.append({"match": "^" + re.escape(inst.prompt) + "$", "replies": [
+            {"tool_calls": [{"name": inst.tool, "arguments": inst.arguments}]},
+            {"content": "Done."}]})
+    path.write_text(yaml.safe_dump(entries, sort_keys=False))
+    return path

@@ -1,0 +1,357 @@
+"""The local trainer: GRPO/SFT math against hand-computed values, and real training steps.
+
+The math tests force the built-in formulas (`use_verl=False`); `test_training_verl.py`
+checks the same functions against veRL's `core_algos` in the `verl` nox session.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from openforge.training import algos
+from openforge.training.batch import make_batch, response_logprobs
+from openforge.training.metrics_log import read_metrics
+from openforge.training.plot import write_curve
+from openforge.training.policy import PolicyOptimizer, PolicyOptions, per_rollout_advantages
+from openforge.types import Sample
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> object:
+    """One intra-op thread: on a small shared CPU two threads are several times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield None
+    torch.set_num_threads(before)
+
+
+# -- GRPO advantages ------------------------------------------------------------------------
+
+
+def test_grpo_advantages_hand_computed() -> None:
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.5, 0.5, 1.0])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0], [0, 1, 1], [1, 0, 0]],
+                        dtype=torch.float32)
+    groups = ["a", "a", "a", "b", "b", "c"]
+    adv = algos.grpo_advantages(rewards, mask, groups, use_verl=False)
+    # group a: mean 1/3, unbiased std sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sqrt(1/3)
+    std_a = math.sqrt(1 / 3)
+    assert adv[0, 0] == pytest.approx((2 / 3) / (std_a + 1e-6), abs=1e-6)
+    assert adv[1, 0] == pytest.approx((-1 / 3) / (std_a + 1e-6), abs=1e-6)
+    # group b: equal rewards -> 0 advantage; group c: a lone row keeps r / (1 + eps)
+    assert torch.all(adv[3:5] == 0)
+    assert adv[5, 0] == pytest.approx(1.0 / (1 + 1e-6), abs=1e-7)
+    # broadcast over the response, zero where the mask is 0
+    assert adv[0, 2] == 0 and adv[0, 1] == adv[0, 0]
+    assert adv[2].tolist() == pytest.approx([adv[1, 0].item()] * 3)
+
+
+def test_grpo_advantages_without_std() -> None:
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    adv = algos.grpo_advantages(rewards, torch.ones(4, 1), ["g"] * 4, norm_by_std=False,
+                                use_verl=False)
+    assert adv[:, 0].tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25])
+
+
+def _sample(sid: str, rollout: str, task: str, reward: float, n: int = 3) -> Sample:
+    return Sample(sample_id=sid, session_id=rollout, rollout_id=rollout, task_id=task,
+                  prompt_ids=[1, 2], response_ids=list(range(10, 10 + n)),
+                  response_mask=[1] * n, response_logprobs=[-1.0] * n, reward=reward)
+
+
+def test_branches_of_one_rollout_count_once_in_the_group() -> None:
+    # r1 was split into two samples (a history rewrite): it must not weigh double.
+    samples = [_sample("r1/0", "r1", "t", 1.0), _sample("r1/1", "r1", "t", 1.0),
+               _sample("r2/0", "r2", "t", 0.0)]
+    adv = per_rollout_advantages(samples, torch.ones(3, 3), True, use_verl=False)
+    expected = 0.5 / (math.sqrt(0.5) + 1e-6)  # two rollouts: mean 0.5, std sqrt(0.5)
+    assert adv[0, 0] == pytest.approx(expected, abs=1e-6)
+    assert adv[1, 0] == pytest.approx(expected, abs=1e-6)
+    assert adv[2, 0] == pytest.approx(-expected, abs=1e-6)
+
+
+# -- policy loss, KL, aggregation --------------------------------------------------------------
+
+
+def _hand_policy_loss(old: float, new: float, adv: float, low: float = 0.2, high: float = 0.2,
+                      c: float = 3.0) -> float:
+    ratio = math.exp(new - old)
+    loss = max(-adv * ratio, -adv * min(max(ratio, 1 - low), 1 + high))
+    if adv < 0:
+        loss = min(loss, -adv * c)
+    return loss
+
+
+def test_policy_loss_hand_computed() -> None:
+    old = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-1.0, -1.0, -1.0, 0.0]])
+    new = torch.tensor([[-0.5, -2.5, -0.5, 0.0], [-2.5, -1.1, -0.9, 0.0]])
+    adv = torch.tensor([[1.0, 1.0, -2.0, 5.0], [-1.0, 0.5, -0.5, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0]], dtype=torch.float32)
+    loss, metrics = algos.policy_loss(old, new, adv, mask, use_verl=False)
+    per = [_hand_policy_loss(old[i, j].item(), new[i, j].item(), adv[i, j].item())
+           for i in range(2) for j in range(3)]
+    assert loss.item() == pytest.approx(sum(per) / 6, abs=1e-6)
+    kl = [(old[i, j] - new[i, j]).item() for i in range(2) for j in range(3)]
+    assert metrics["ppo_kl"] == pytest.approx(sum(kl) / 6, abs=1e-6)
+    # clipped where the clipped term is the larger: (0,0) ratio e^.5 > 1.2 with A>0; (1,0):
+    # ratio e^-1.5 < 0.8 with A<0; and (1,2) ratio e^.1 < 1.2 is not clipped.
+    assert metrics["pg_clipfrac"] == pytest.approx(2 / 6, abs=1e-6)
+
+
+def test_dual_clip_bounds_negative_advantages() -> None:
+    # ratio e^3 with A = -1: unclipped loss 20.1, dual clip caps it at 3.
+    loss, metrics = algos.policy_loss(torch.tensor([[-4.0]]), torch.tensor([[-1.0]]),
+                                      torch.tensor([[-1.0]]), torch.ones(1, 1), use_verl=False)
+    assert loss.item() == pytest.approx(3.0)
+    assert metrics["pg_clipfrac_lower"] == 1.0
+
+
+def test_micro_batches_add_up_to_the_batch_loss() -> None:
+    g = torch.Generator().manual_seed(1)
+    old, new, adv = (torch.randn(6, 5, generator=g) for _ in range(3))
+    mask = (torch.rand(6, 5, generator=g) > 0.3).float()
+    full, _ = algos.policy_loss(old, new, adv, mask, use_verl=False)
+    total = float(mask.sum())
+    parts = sum(algos.policy_loss(old[i:i + 2], new[i:i + 2], adv[i:i + 2], mask[i:i + 2],
+                                  batch_num_tokens=total, use_verl=False)[0]
+                for i in range(0, 6, 2))
+    assert float(parts) == pytest.approx(float(full), abs=1e-6)
+
+
+def test_kl_estimators() -> None:
+    logp, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])
+    k3 = algos.kl_penalty(logp, ref, "low_var_kl", use_verl=False)
+    expected = [math.exp(r - p) - (r - p) - 1 for p, r in ((-1.0, -1.5), (-2.0, -1.0))]
+    assert k3.tolist() == pytest.approx(expected, abs=1e-6)
+    assert algos.kl_penalty(logp, ref, "k1", use_verl=False).tolist() == pytest.approx([0.5, -1.0])
+    assert algos.kl_penalty(logp, ref, "k2", use_verl=False).tolist() == pytest.approx([0.125, 0.5])
+    with pytest.raises(ValueError, match="unknown KL"):
+        algos.kl_penalty(logp, ref, "nope", use_verl=False)  # type: ignore[arg-type]
+
+
+def test_agg_modes() -> None:
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.float32)
+    assert algos.agg_loss(loss, mask, "token-mean", use_verl=False).item() == pytest.approx(2.5)
+    assert algos.agg_loss(loss, mask, "token-sum", use_verl=False).item() == pytest.approx(10.0)
+    assert algos.agg_loss(loss, mask, "seq-mean-token-sum", use_verl=False).item() == pytest.approx(5.0)
+    assert algos.agg_loss(loss, mask, "seq-mean-token-mean", use_verl=False).item() == pytest.approx(3.0)
+
+
+# -- a real model ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_dir() -> Path:
+    from openforge.tinymodel import ensure_tiny_model
+
+    return ensure_tiny_model()
+
+
+def _options(**kw: object) -> PolicyOptions:
+    base: dict[str, object] = {"learning_rate": 1e-2, "use_verl": False, "micro_batch_size": 2}
+    base.update(kw)
+    return PolicyOptions.model_validate(base)
+
+
+def _recorded(policy: PolicyOptimizer, prompt: list[int], response: list[int], mask: list[int],
+              reward: float, rollout: str, task: str = "t") -> Sample:
+    """A sample whose recorded logprobs are the policy's own (an on-policy rollout)."""
+    s = Sample(sample_id=rollout + "/0", session_id=rollout, rollout_id=rollout, task_id=task,
+               prompt_ids=prompt, response_ids=response, response_mask=mask,
+               response_logprobs=[0.0] * len(response), reward=reward)
+    with torch.no_grad():
+        logp, _ = response_logprobs(policy.model, s)
+    s.response_logprobs = [float(x) if m else 0.0 for x, m in zip(logp, mask, strict=True)]
+    return s
+
+
+def test_response_logprobs_match_a_full_forward(tiny_dir: Path) -> None:
+    policy = PolicyOptimizer(tiny_dir, _options())
+    s = Sample(sample_id="x", session_id="x", prompt_ids=[14990, 1879, 11],
+               response_ids=[576, 374, 264, 1273], response_mask=[1, 0, 1, 1],
+               response_logprobs=[0.0] * 4)
+    with torch.no_grad():
+        logp, ent = response_logprobs(policy.model, s, temperature=0.7, with_entropy=True)
+        full = policy.model(input_ids=torch.tensor([s.prompt_ids + s.response_ids])).logits[0]
+        ref = torch.log_softmax(full.float() / 0.7, -1)
+    for t, tok in enumerate(s.response_ids):
+        want = ref[len(s.prompt_ids) - 1 + t, tok].item() if s.response_mask[t] else 0.0
+        assert logp[t].item() == pytest.approx(want, abs=1e-4)
+    assert ent is not None and ent.shape == (3,) and bool((ent > 0).all())
+
+
+def test_grpo_step_moves_probability_toward_the_rewarded_response(tiny_dir: Path) -> None:
+    policy = PolicyOptimizer(tiny_dir, _options(learning_rate=3e-3))
+    prompt = [14990, 1879, 11, 220]
+    good, bad = [576, 374, 151645], [1273, 264, 151645]
+    samples = [_recorded(policy, prompt, good, [1, 1, 1], 1.0, "r1"),
+               _recorded(policy, prompt, bad, [1, 1, 1], 0.0, "r2"),
+               _recorded(policy, prompt, good, [1, 1, 1], 1.0, "r3"),
+               _recorded(policy, prompt, bad, [1, 1, 1], 0.0, "r4")]
+    before_good = sum(samples[0].response_logprobs)
+    before_bad = sum(samples[1].response_logprobs)
+    for _ in range(3):
+        metrics = policy.grpo_step(samples)
+    after_good = sum(_recorded(policy, prompt, good, [1, 1, 1], 1.0, "x").response_logprobs)
+    after_bad = sum(_recorded(policy, prompt, bad, [1, 1, 1], 0.0, "y").response_logprobs)
+    assert after_good > before_good and after_bad < before_bad
+    assert metrics["groups_with_signal"] == 1.0 and metrics["tokens"] == 12.0
+    assert metrics["entropy"] > 0 and metrics["grad_norm"] > 0
+
+
+def test_masked_tokens_get_no_gradient(tiny_dir: Path) -> None:
+    """Observation tokens (mask 0) must not be trained on: an all-observation batch is a no-op."""
+    policy = PolicyOptimizer(tiny_dir, _options())
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    s = Sample(sample_id="o", session_id="o", rollout_id="o", task_id="t", prompt_ids=[1, 2],
+               response_ids=[3, 4], response_mask=[0, 0], response_logprobs=[0.0, 0.0], reward=1.0)
+    metrics = policy.sft_step([s])
+    assert metrics["tokens"] == 0.0
+    after = policy.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_kl_to_reference_is_reported_and_grows(tiny_dir: Path) -> None:
+    policy = PolicyOptimizer(tiny_dir, _options(kl_coef=0.1, learning_rate=5e-3))
+    prompt = [14990, 1879]
+    samples = [_recorded(policy, prompt, [576, 374], [1, 1], r, f"r{i}")
+               for i, r in enumerate((1.0, 0.0))]
+    samples[1].response_ids = [1273, 264]
+    first = policy.grpo_step(samples)
+    second = policy.grpo_step(samples)
+    assert first["kl_ref"] == pytest.approx(0.0, abs=1e-6)  # step 1 starts at the reference
+    assert second["kl_ref"] > 0
+
+
+def test_sft_lowers_the_nll_and_checkpoints_resume(tiny_dir: Path, tmp_path: Path) -> None:
+    policy = PolicyOptimizer(tiny_dir, _options(learning_rate=1e-2))
+    demo = Sample(sample_id="d", session_id="d", prompt_ids=[14990, 1879, 11],
+                  response_ids=[576, 374, 99, 264, 151645], response_mask=[1, 1, 0, 1, 1],
+                  response_logprobs=[0.0] * 5)
+    losses = [policy.sft_step([demo])["sft_loss"] for _ in range(5)]
+    assert losses[-1] < losses[0] * 0.8
+    path = policy.save(tmp_path / "step-5")
+    assert (path / "tokenizer.json").exists() and (path / "config.json").exists()
+    resumed = PolicyOptimizer(path, _options(learning_rate=1e-2))
+    resumed.load_trainer_state(path)
+    assert resumed.step == 5
+    for key, value in policy.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[key])
+    # The optimizer's moments came back too: the next step is identical.
+    a, b = policy.sft_step([demo]), resumed.sft_step([demo])
+    assert a["sft_loss"] == pytest.approx(b["sft_loss"], abs=1e-6)
+
+
+def test_make_batch_pads_and_keeps_rewards() -> None:
+    batch = make_batch([_sample("a", "a", "t", 1.0, n=2), _sample("b", "b", "t", 0.0, n=4)])
+    assert batch.mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
+    assert batch.rewards.tolist() == [1.0, 0.0] and batch.num_tokens == 6
+
+
+def test_svg_plot_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name: str, *args: object, **kwargs: object) -> object:
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    out = write_curve(tmp_path / "curve", {"reward": [(0, 0.1), (1, 0.5), (2, 0.8)]}, "r")
+    assert out.suffix == ".svg"
+    text = out.read_text()
+    assert text.startswith("<svg") and text.count("<circle") == 3
+
+
+def test_metrics_log_skips_a_torn_line(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n{\"step\": 2, \"rew")
+    assert read_metrics(path) == [{"step": 1, "reward_mean": 0.5}]
+
+
+# -- the trainer plugin, online and from the CLI ---------------------------------------------------
+
+
+def test_online_grpo_updates_the_engine_stamps_versions_and_resumes(
+        tmp_path: Path, tiny_dir: Path) -> None:
+    from openforge import plugins
+    from openforge.config import TrainConfig
+    from openforge.store import Store
+
+    out = tmp_path / "train"
+    config = TrainConfig.model_validate({
+        "steps": 1, "learning_rate": 1e-3,
+        "run": {"environment": "demo", "tasks": [], "k": 2, "concurrency": 2,
+                "harness_options": {"max_steps": 1, "max_tokens": 12},
+                "sampling": {"max_tokens": 12}},
+        "options": {"output_dir": str(out), "tasks_per_step": 1, "use_verl": False,
+                    "tensorboard": False}})
+    trainer = plugins.create("trainer", "local")
+    trainer.train(config)
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1]
+    assert records[0]["rollouts"] == 2 and records[0]["weight_version"] == "1"
+    assert records[0]["tokens"] > 0 and records[0]["entropy"] > 0
+    assert (out / "checkpoints" / "step-1" / "model.safetensors").exists()
+    assert list(out.glob("reward_curve.*"))
+    # Resume: the second run continues at step 1 and its rollouts were served by version 1.
+    trainer.train(config.model_copy(update={"steps": 2}))
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    with Store(out / "rollouts" / "store.sqlite") as store:
+        versions = {c.weight_version for c in store.iter_calls(run_id="train-step1")}
+        first = {c.weight_version for c in store.iter_calls(run_id="train-step0")}
+    assert versions == {"1"} and first == {"0"}
+
+
+def test_cli_errors_are_one_line(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from openforge.cli import cli
+
+    runner = CliRunner()
+    result = runner.invoke(cli, ["train", "--recipe", "nope"])
+    assert result.exit_code != 0 and "unknown recipe 'nope'" in result.output
+    result = runner.invoke(cli, ["train", "--set", "algorithm=sft",
+                                 "--set", f"options.output_dir={tmp_path}"])
+    assert result.exit_code != 0 and "sft needs demonstrations" in result.output
+    result = runner.invoke(cli, ["train", "--set", "options.bogus=1"])
+    assert result.exit_code != 0 and "options.bogus" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_verl_backend_dry_run_writes_its_files_without_verl(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from openforge.cli import cli
+
+    out = tmp_path / "verl"
+    result = CliRunner().invoke(cli, ["train", "--backend", "verl", "--set", "steps=5",
+                                      "--set", f"options.output_dir={out}",
+                                      "--set", "options.dry_run=true"])
+    assert result.exit_code == 0, result.output
+    command = (out / "command.sh").read_text()
+    assert "verl.trainer.main_ppo" in command and "trainer.total_training_steps=5" in command
+    assert (out / "train.parquet").exists() and (out / "agent_loops.yaml").exists()
+
+
+def test_a_batch_without_signal_leaves_the_weights_alone(tiny_dir: Path) -> None:
+    """Equal rewards in every group: no advantage, so no update, even with Adam's momentum."""
+    policy = PolicyOptimizer(tiny_dir, _options(learning_rate=1e-2))
+    prompt = [14990, 1879]
+    mixed = [_recorded(policy, prompt, [576, 374], [1, 1], r, f"r{i}") for i, r in enumerate((1.0, 0.0))]
+    policy.grpo_step(mixed)  # a real update: Adam now has momentum
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    flat = [_recorded(policy, prompt, [576, 374], [1, 1], 1.0, f"s{i}") for i in range(2)]
+    metrics = policy.grpo_step(flat)
+    assert metrics["skipped"] == 1.0 and metrics["grad_norm"] == 0.0 and policy.step == 2
+    after = policy.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
