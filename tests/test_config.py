@@ -111,3 +111,14 @@ def test_cli_prints_one_line_for_a_bad_config(tmp_path: Path) -> None:
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith(f"error: {path}: k: ")
+
+
+def test_resume_refuses_options_it_would_ignore(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "openforge.cli", "run", "--resume", str(tmp_path),
+                          "--harness", "codex", "-k", "3"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "--resume finishes a run with the config it started with" in lines[0]
+    assert "--harness, -k" in lines[0]

@@ -77,6 +77,16 @@ def run(config_path: Path | None, overrides: tuple[str, ...], resume: Path | Non
     from openforge import plugins as plugin_registry
     from openforge.config import load_run_config
 
+    flag_names = {p.name: p.opts[0] for p in click.get_current_context().command.params}
+    given = [flag_names[name] for name, value in flags.items() if value not in (None, ())]
+    given += ["--config"] * bool(config_path) + ["--set"] * bool(overrides)
+    if resume is not None and given:
+        # A resumed run must finish with the settings it started with, or its attempts
+        # would not be comparable; say so rather than ignore the options.
+        raise OpenforgeError(
+            f"--resume finishes a run with the config it started with ({resume / 'config.yaml'}); "
+            f"drop {', '.join(given)}, or start a new run")
+
     dotted: dict[str, Any] = {
         "harness": flags["harness"], "environment": flags["environment"],
         "reward": flags["reward"], "executor": flags["executor"],
