@@ -239,13 +239,15 @@ def require_object(body: Any, what: str = "request body") -> dict[str, Any]:
     return body
 
 
-def opt_str(obj: Mapping[str, Any], key: str, field: str | None = None) -> str | None:
-    value = obj.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise bad_type(field or key, "a string", value)
+def _typed(value: Any, field: str, kind: type, expected: str) -> Any:
+    """`value` unchanged when it is null or of `kind`; else a 400 naming the field."""
+    if value is not None and not isinstance(value, kind):
+        raise bad_type(field, expected, value)
     return value
+
+
+def opt_str(obj: Mapping[str, Any], key: str, field: str | None = None) -> str | None:
+    return _typed(obj.get(key), field or key, str, "a string")
 
 
 def req_str(obj: Mapping[str, Any], key: str, field: str | None = None) -> str:
@@ -256,12 +258,7 @@ def req_str(obj: Mapping[str, Any], key: str, field: str | None = None) -> str:
 
 
 def opt_bool(obj: Mapping[str, Any], key: str, field: str | None = None) -> bool | None:
-    value = obj.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, bool):
-        raise bad_type(field or key, "a boolean", value)
-    return value
+    return _typed(obj.get(key), field or key, bool, "a boolean")
 
 
 def opt_int(obj: Mapping[str, Any], key: str, field: str | None = None) -> int | None:
@@ -289,32 +286,18 @@ def opt_number(obj: Mapping[str, Any], key: str, field: str | None = None) -> fl
 
 
 def opt_list(obj: Mapping[str, Any], key: str, field: str | None = None) -> list[Any] | None:
-    value = obj.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise bad_type(field or key, "an array", value)
-    return value
+    return _typed(obj.get(key), field or key, list, "an array")
 
 
 def as_list(value: Any, field: str) -> list[Any]:
     """`value` as an array; null counts as empty."""
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise bad_type(field, "an array", value)
-    return value
+    return _typed(value, field, list, "an array") or []
 
 
 def opt_object(
     obj: Mapping[str, Any], key: str, field: str | None = None
 ) -> dict[str, Any] | None:
-    value = obj.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise bad_type(field or key, "an object", value)
-    return value
+    return _typed(obj.get(key), field or key, dict, "an object")
 
 
 def read_stop(obj: Mapping[str, Any], key: str) -> list[str] | None:
