@@ -12,7 +12,8 @@ from typing import Any
 
 from openforge.environment import Environment
 from openforge.harness import Command, Harness, HarnessContext
-from openforge.types import RewardResult, Task
+from openforge.reward import Reward
+from openforge.types import Call, RewardResult, Task
 
 _HANG = """
 import os, subprocess, sys, time
@@ -41,6 +42,22 @@ class OneTaskEnv(Environment):
     def check(self, task: Task, workspace: Path, final_state: dict[str, Any]) -> RewardResult:
         ok = (workspace / "ok.txt").exists()
         return RewardResult(score=1.0 if ok else 0.0, passed=ok)
+
+
+class CallsReward(Reward):
+    """Reads the trajectory: passes when the policy called `write_file`; details list the calls."""
+
+    wants_calls = True
+
+    def score(self, task: Task, environment: Environment, workspace: Path,
+              final_state: dict[str, Any], calls: list[Call] | None = None) -> RewardResult:
+        assert calls is not None
+        tools = [tc["function"]["name"] for c in calls
+                 for tc in (c.response or {}).get("choices", [{}])[0]
+                 .get("message", {}).get("tool_calls") or []]
+        return RewardResult(score=float("write_file" in tools), passed="write_file" in tools,
+                            details={"sessions": sorted({c.session_id for c in calls}),
+                                     "calls": len(calls), "tools": tools})
 
 
 class HangInPrepareEnv(OneTaskEnv):

@@ -182,6 +182,18 @@ async def test_restart_rebuilds_branch_state_from_the_store(
 # --- auth ---------------------------------------------------------------------------------
 
 
+async def test_a_session_reads_only_its_own_calls(gateway: Gateway, store: Store) -> None:
+    mine, theirs = gateway.open_session(), gateway.open_session()
+    for session in (mine, theirs):
+        await client(gateway, session).chat.completions.create(
+            model="p", messages=[{"role": "user", "content": session.id}])
+    async with httpx.AsyncClient(base_url=gateway.url) as h:
+        r = await h.get(f"/s/{mine.token}/calls")
+        assert r.status_code == 200
+        assert [c["session_id"] for c in r.json()["calls"]] == [mine.id]
+        assert (await h.get("/s/not-a-token/calls")).status_code == 401
+
+
 async def test_a_token_reaches_only_its_own_session(gateway: Gateway, store: Store) -> None:
     a, b = gateway.open_session(), gateway.open_session()
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -503,3 +515,49 @@ async def test_session_max_tokens_is_a_ceiling_for_requests(gateway: Gateway, st
     calls = store.list_calls(session.id)
     assert [c.sampling["max_tokens"] for c in calls] == [7, 3]
     assert [c.sampling["temperature"] for c in calls] == [0.9, 0.9]  # not a ceiling
+
+
+async def test_verl_weight_sync_abort_is_a_429_the_sdk_waits_out(
+        store: Store, tiny_bundle: ModelBundle) -> None:  # noqa: F811
+    """veRL aborts in-flight generations to sync weights: the gateway answers 429 +
+    Retry-After (not a 5xx, not a half-old-policy turn); the harness's SDK retries and the
+    retry is served by the new weights, recorded with their version."""
+    from types import SimpleNamespace
+
+    from openforge.training.verl_engine import VerlEngine
+
+    reply = tiny_bundle.encode("synced") + tiny_bundle.stop_token_ids[:1]
+
+    class SyncingClient:  # veRL's LLMServerClient.generate signature and TokenOutput fields
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def generate(self, request_id: str, *, prompt_ids: list[int],
+                           sampling_params: dict[str, Any], **kw: Any) -> Any:
+            self.calls += 1
+            if self.calls == 1:
+                return SimpleNamespace(token_ids=reply[:2], log_probs=[-0.1, -0.2],
+                                       stop_reason="aborted", extra_fields={"global_steps": 3})
+            return SimpleNamespace(token_ids=reply, log_probs=[-0.5] * len(reply),
+                                   stop_reason="completed", extra_fields={"global_steps": 4})
+
+    engine = VerlEngine(model=tiny_bundle, client=SyncingClient(), retry_after_s=0)
+    gw = Gateway(GatewayConfig(), EngineConfig(name="verl"), store, engine=engine,
+                 bundle=tiny_bundle)
+    await gw.start()
+    try:
+        session = gw.open_session()
+        async with httpx.AsyncClient(base_url=gw.session_url(session)) as h:
+            r = await h.post("/chat/completions", json={
+                "model": "p", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"authorization": f"Bearer {session.token}"})
+            assert r.status_code == 429 and r.headers["retry-after"] == "0"
+            assert "updating the rollout weights" in r.json()["error"]["message"]
+        r2 = await client(gw, session, max_retries=2).chat.completions.create(
+            model="p", messages=[{"role": "user", "content": "hi"}])
+        assert r2.choices[0].message.content == "synced"
+    finally:
+        await gw.stop()
+    calls = store.list_calls(session.id)
+    assert [(c.status, c.weight_version) for c in calls] == [("failed", None), ("ok", "4")]
+    assert calls[1].completion_ids == reply and calls[1].logprobs == [-0.5] * len(reply)

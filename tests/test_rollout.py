@@ -99,11 +99,12 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
     store.close()
 
 
-async def _mini(gateway: Gateway, tmp_path: Path, prompt: str, name: str) -> RolloutResult:
+async def _mini(gateway: Gateway, tmp_path: Path, prompt: str, name: str,
+                reward: str = "checker") -> RolloutResult:
     session = gateway.open_session("run", name, "only")
     spec = RolloutSpec(run_id="run", rollout_id=name, task=Task(id="only", prompt=prompt),
                        harness="mini", harness_options={"max_steps": 3},
-                       environment="executor_plugins:OneTaskEnv", reward="checker",
+                       environment="executor_plugins:OneTaskEnv", reward=reward,
                        gateway_url=gateway.url, session_token=session.token, timeout_s=60)
     root = tmp_path / name
     root.mkdir()
@@ -130,3 +131,16 @@ async def test_mini_step_limit_is_a_scored_harness_error(gateway: Gateway, tmp_p
 async def test_mini_with_engine_down_is_an_infra_failure(gateway: Gateway, tmp_path: Path) -> None:
     result = await _mini(gateway, tmp_path, "engine down", "down")
     assert result.status == "infra_error" and result.reward is None
+
+
+async def test_a_reward_that_wants_calls_gets_its_own_sessions_trajectory(
+        gateway: Gateway, tmp_path: Path) -> None:
+    other = await _mini(gateway, tmp_path, "write ok.txt please", "other")
+    assert other.status == "ok"
+    result = await _mini(gateway, tmp_path, "write ok.txt please", "mine",
+                         reward="executor_plugins:CallsReward")
+    assert result.status == "ok", result.error
+    assert result.reward is not None and result.reward.passed
+    mine = gateway.store.get_session(result.reward.details["sessions"][0])
+    assert mine is not None and mine.rollout_id == "mine"
+    assert result.reward.details["calls"] == 2 and result.reward.details["tools"] == ["write_file"]

@@ -177,12 +177,32 @@ def test_empty_session() -> None:
     assert result.samples == [] and result.metrics.samples == 0
 
 
-def test_images_collected_in_order_without_duplicates() -> None:
+def test_sample_images_are_the_ordered_images_of_its_sequence() -> None:
+    # Each call's prompt extends the last, and so do its images: the sample holds the last
+    # call's list, repeats kept (the same screenshot twice is two placeholder runs).
+    p0 = SYS + USER
+    a = call("a", 0, p0, [21, IM_END], images=["img1"])
+    b = call("b", 1, p0 + [21, IM_END, 5], [22, IM_END], images=["img1", "img2"])
+    c = call("c", 2, p0 + [21, IM_END, 5, 22, IM_END, 6], [23, IM_END],
+             images=["img1", "img2", "img1"])
+    [sample] = build_samples([a, b, c]).samples
+    assert sample.images == ["img1", "img2", "img1"]
+
+
+def test_sample_images_never_drop_a_referenced_image() -> None:
     p0 = SYS + USER
     a = call("a", 0, p0, [21, IM_END], images=["img1", "img2"])
     b = call("b", 1, p0 + [21, IM_END, 5], [22, IM_END], images=["img2", "img3"])
     [sample] = build_samples([a, b]).samples
     assert sample.images == ["img1", "img2", "img3"]
+
+
+def test_branches_keep_their_own_images() -> None:
+    p0 = SYS + USER
+    a = call("a", 0, p0, [21, IM_END], images=["img1"])
+    side = call("b", 1, [1, 2, 3], [22, IM_END], images=["img9"])
+    first, second = build_samples([a, side]).samples
+    assert first.images == ["img1"] and second.images == ["img9"]
 
 
 def test_run_metrics_from_a_store(tmp_path: Path) -> None:

@@ -48,6 +48,10 @@ class GatewayConfig(_Strict):
     keepalive_s: float = 5.0
     # Name the harness uses for the policy model (served from /v1/models).
     served_model_name: str = "policy"
+    # `file://` image URLs are read only under this folder (None: refused; default from
+    # $OPENFORGE_IMAGE_ROOT). Data URLs are always accepted; http(s) images never fetched.
+    image_root: Path | None = None
+    max_image_bytes: int = Field(default=20 * 1024 * 1024, ge=1)
 
 
 class RunConfig(_Strict):

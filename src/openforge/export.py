@@ -6,6 +6,12 @@ are produced one session at a time and written in record batches with
 `pyarrow.parquet.ParquetWriter`, so memory is bounded by one batch and the largest
 session, not by the size of the run. Every file loads with
 `datasets.load_dataset("parquet", data_files=...)`.
+
+Images (screenshots the harness sent) are referenced by the sha256 of their exact bytes:
+the `samples` and `sft` formats list those hashes per row and write each image once as
+`out/images/<sha256>.<ext>`; the `verl` format carries the prompt's images inline as an
+`images` column of `{bytes, path}` structs, the layout veRL's multimodal `RLHFDataset`
+reads, with one `<image>` marker per image in the prompt text.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ ExportFormat = Literal["verl", "sft", "samples"]
 FORMATS: tuple[str, ...] = ("verl", "sft", "samples")
 STORE_FILE = "store.sqlite"
 DATA_FILE = "data.parquet"
+IMAGES_DIR = "images"
+IMAGE_MARKER = "<image>"  # where veRL's RLHFDataset splices each image into the prompt
 AGENT_NAME = "openforge_agent"
 # A batch is flushed at whichever limit comes first; 256k tokens is ~3 MB of arrow buffers.
 BATCH_ROWS = 512
@@ -82,6 +90,7 @@ VERL_SCHEMA = pa.schema([
         ("status", pa.string()),
     ])),
     ("agent_name", pa.string()),
+    ("images", pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())]))),
 ])
 
 _TOOL_CALL = pa.struct([
@@ -127,7 +136,7 @@ One row per branch of a session's recorded calls (see `openforge.trajectory`).
 | response_ids | list<int32> | everything after the prompt |
 | response_mask | list<int8> | 1 on generated ids, 0 on observations between calls |
 | response_logprobs | list<float32> | the engine's logprob on generated ids, 0.0 elsewhere |
-| images | list<string> | image references used by the sample's calls |
+| images | list<string> | sha256 of each image the sequence holds, in order (one per image placeholder run); the bytes are `images/<sha256>.<ext>` |
 | reward | float64? | the session's reward |
 | num_turns | int32 | number of calls merged |
 | weight_versions | list<string> | policy weight version of each call |
@@ -146,6 +155,7 @@ veRL's `RLHFDataset` reads. Dedupe by `extra_info.task_id` for a one-row-per-tas
 | reward_model | struct<style, ground_truth> | style `rule`; ground_truth from session metadata (JSON text when not a string) |
 | extra_info | struct | index, task_id, rollout_id, session_id, run_id, reward, passed, status |
 | agent_name | string | `openforge_agent`: the veRL agent loop that runs openforge |
+| images | list<struct<bytes, path>> | the images of the prompt's user message (exact bytes; path null), one `<image>` marker each at the start of the prompt text |
 """,
     "sft": """# openforge SFT chat rows
 
@@ -156,7 +166,7 @@ final conversation of its main branch (the last call's request plus its response
 |---|---|---|
 | messages | list<struct> | OpenAI-style messages: role, content, reasoning_content, tool_calls[{id, type, function{name, arguments (JSON text)}}], tool_call_id, name |
 | tools | string | JSON text of the OpenAI-style tool list offered to the model |
-| images | list<string> | image references in the conversation |
+| images | list<string> | sha256 of each image in the conversation, in order; the bytes are `images/<sha256>.<ext>` |
 | session_id, rollout_id, task_id | string | where the row came from |
 | reward | float64? | the session's reward |
 | num_turns | int32 | model calls in the branch |
@@ -211,6 +221,32 @@ def resolve_store(run_dir: Path) -> Path:
             return candidate
         raise ExportError(f"{run_dir} has no {STORE_FILE}: give a run directory or a .sqlite store file")
     raise ExportError(f"{run_dir} does not exist")
+
+
+class _ImageFiles:
+    """Writes each referenced image once as `out/images/<sha256>.<ext>`."""
+
+    def __init__(self, store: Store, out: Path) -> None:
+        self.store = store
+        self.folder = out / IMAGES_DIR
+        self.written: set[str] = set()
+
+    def add(self, hashes: list[str]) -> None:
+        from openforge.gateway.images import EXTENSIONS
+
+        for sha in hashes:
+            if sha in self.written:
+                continue
+            image = self.store.get_image(sha)
+            if image is None:
+                raise ExportError(f"image {sha} is referenced by a call but not in the store")
+            self.folder.mkdir(parents=True, exist_ok=True)
+            target = self.folder / f"{sha}.{EXTENSIONS.get(image.media_type, 'bin')}"
+            if not target.exists():
+                partial = target.with_name(f".{target.name}.partial")
+                partial.write_bytes(image.data)
+                os.replace(partial, target)
+            self.written.add(sha)
 
 
 # -- row builders ------------------------------------------------------------------------
@@ -327,7 +363,8 @@ def _ground_truth(value: Any) -> str:
 # -- the three exports -------------------------------------------------------------------
 
 
-def _write_samples(store: Store, writer: _BatchWriter, run_id: str | None) -> RunMetrics:
+def _write_samples(store: Store, writer: _BatchWriter, run_id: str | None,
+                   images: _ImageFiles) -> RunMetrics:
     metrics = RunMetrics()
     for session_id, calls in iter_session_calls(store, run_id):
         session = store.get_session(session_id)
@@ -339,6 +376,7 @@ def _write_samples(store: Store, writer: _BatchWriter, run_id: str | None) -> Ru
         metrics.add(built.metrics)
         del calls  # the samples are all that is needed from here on
         for sample in built.samples:
+            images.add(sample.images)
             writer.add(sample_row(sample), len(sample.prompt_ids) + len(sample.response_ids))
     return metrics
 
@@ -350,9 +388,13 @@ def _write_verl(store: Store, writer: _BatchWriter, run_id: str | None) -> None:
         if result is not None and result.is_infra_failure:
             continue
         prompt = session.metadata.get("prompt")
+        prompt_images: list[dict[str, Any]] = []
         if not isinstance(prompt, str):
             first = store.first_call(session.id)
-            prompt = first_user_message(first) if first else None
+            prompt, hashes = _first_user_turn(first) if first else (None, [])
+            if prompt is not None and hashes:
+                prompt_images = [_inline_image(store, sha) for sha in hashes]
+                prompt = IMAGE_MARKER * len(hashes) + prompt
         if prompt is None:
             continue  # nothing was asked: no row to train on
         reward = session_reward(store, session)
@@ -369,11 +411,37 @@ def _write_verl(store: Store, writer: _BatchWriter, run_id: str | None) -> None:
                 "status": result.status if result else None,
             },
             "agent_name": AGENT_NAME,
+            "images": prompt_images,
         })
         index += 1
 
 
-def _write_sft(store: Store, writer: _BatchWriter, run_id: str | None) -> None:
+def _first_user_turn(call: Call) -> tuple[str | None, list[str]]:
+    """The first user message's text and the hashes of its images (from `call.images`,
+    which lists the request's images in order, so the first user message's come first)."""
+    chat = _parse_request(call)
+    if chat is None:
+        return None, []
+    if chat.raw_prompt is not None:
+        return chat.raw_prompt, []
+    before = 0  # images of tool results ahead of the first user message
+    for message in chat.messages:
+        if message.role == "user":
+            n = len(message.images)
+            return message.content, list(call.images[before:before + n])
+        before += len(message.images)
+    return None, []
+
+
+def _inline_image(store: Store, sha: str) -> dict[str, Any]:
+    image = store.get_image(sha)
+    if image is None:
+        raise ExportError(f"image {sha} is referenced by a call but not in the store")
+    return {"bytes": image.data, "path": None}
+
+
+def _write_sft(store: Store, writer: _BatchWriter, run_id: str | None,
+               image_files: _ImageFiles) -> None:
     for session_id, calls in iter_session_calls(store, run_id):
         session = store.get_session(session_id)
         if session is None:
@@ -390,7 +458,9 @@ def _write_sft(store: Store, writer: _BatchWriter, run_id: str | None) -> None:
         conversation = final_conversation(by_id[main.call_ids[-1]])
         if conversation is None or not conversation.messages:
             continue
-        images = [i.url for m in conversation.messages for i in m.images]
+        # The final conversation is the last call's request plus its answer: the same images.
+        images = list(by_id[main.call_ids[-1]].images)
+        image_files.add(images)
         writer.add({
             "messages": [_message_row(m) for m in conversation.messages],
             "tools": json.dumps([t.to_renderer() for t in conversation.tools], ensure_ascii=False),
@@ -421,14 +491,15 @@ def export_run(run_dir: Path, fmt: ExportFormat | str, out: Path, run_id: str | 
         raise ExportError(str(exc)) from None
     try:
         writer = _BatchWriter(partial, SCHEMAS[fmt])
+        image_files = _ImageFiles(store, out)
         try:
             metrics = None
             if fmt == "samples":
-                metrics = _write_samples(store, writer, run_id)
+                metrics = _write_samples(store, writer, run_id, image_files)
             elif fmt == "verl":
                 _write_verl(store, writer, run_id)
             else:
-                _write_sft(store, writer, run_id)
+                _write_sft(store, writer, run_id, image_files)
         finally:
             writer.close()
     except BaseException:

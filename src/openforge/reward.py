@@ -11,7 +11,14 @@ from openforge.types import Call, RewardResult, Task
 
 
 class Reward(ABC):
-    """Base class of reward plugins."""
+    """Base class of reward plugins.
+
+    A reward that reads the trajectory sets `wants_calls = True`: the rollout then fetches
+    the session's recorded calls from the gateway (with the session's own token) and passes
+    them as `calls`.
+    """
+
+    wants_calls: bool = False
 
     def __init__(self, **options: Any) -> None:
         self.options = options

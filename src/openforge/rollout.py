@@ -44,7 +44,7 @@ from openforge.harness import (
     ProcessOutput,
 )
 from openforge.reward import Reward
-from openforge.types import RolloutResult, RolloutSpec, RolloutStatus
+from openforge.types import Call, RolloutResult, RolloutSpec, RolloutStatus
 
 RESULT_PREFIX = "OPENFORGE_RESULT "
 SPEC_ENV = "OPENFORGE_SPEC"
@@ -154,7 +154,8 @@ def execute(spec: RolloutSpec, root: Path) -> RolloutResult:
         final_state.setdefault("final_answer", output.final_answer)
         final_state.setdefault("harness_status", output.status)
         stage = "scoring"
-        verdict = reward.score(spec.task, environment, workspace, final_state)
+        calls = fetch_calls(spec) if reward.wants_calls else None
+        verdict = reward.score(spec.task, environment, workspace, final_state, calls)
         return done(status=status, reward=verdict, final_answer=output.final_answer,
                     error=output.error, harness_output=harness_output)
     except HarnessMissingError as exc:
@@ -170,6 +171,14 @@ def execute(spec: RolloutSpec, root: Path) -> RolloutResult:
                 environment.close()
             except Exception:
                 pass
+
+
+def fetch_calls(spec: RolloutSpec) -> list[Call]:
+    """The session's recorded calls, read with its own token (for rewards that want them)."""
+    url = f"{spec.gateway_url.rstrip('/')}/s/{spec.session_token}/calls"
+    response = httpx.get(url, timeout=30.0)
+    response.raise_for_status()
+    return [Call.model_validate(c) for c in response.json()["calls"]]
 
 
 def report(spec: RolloutSpec, result: RolloutResult, attempts: int = 3) -> bool:

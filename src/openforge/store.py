@@ -19,6 +19,10 @@ Storage choices:
   token each instead of ~6 as JSON text). Raw requests/responses are JSON text, zlib-compressed
   when larger than `COMPRESS_OVER` bytes (a column holds TEXT or a compressed BLOB; the type
   tells which).
+- Images (screenshots a harness sent) are stored once each, keyed by the sha256 of their
+  exact bytes, in the `images` table; a call's `images` column lists the hashes its prompt
+  holds, in order. A call's new images are inserted in the call's own transaction, so a
+  recorded call never references an image that is not stored.
 """
 
 from __future__ import annotations
@@ -31,9 +35,9 @@ import threading
 import time
 import zlib
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from openforge.errors import OpenforgeError
 from openforge.types import Call, RolloutResult, SamplingParams, Session
@@ -101,6 +105,13 @@ CREATE TABLE IF NOT EXISTS calls (
     finished_at REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, idx);
+CREATE TABLE IF NOT EXISTS images (
+    sha256 TEXT PRIMARY KEY,
+    media_type TEXT NOT NULL,
+    data BLOB NOT NULL,
+    size INTEGER NOT NULL,
+    created_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS results (
     session_id TEXT PRIMARY KEY,
     data TEXT NOT NULL,
@@ -227,6 +238,14 @@ def _row_to_session(row: sqlite3.Row | tuple[Any, ...]) -> Session:
     )
 
 
+class StoredImage(NamedTuple):
+    """One image as stored: its exact bytes and the media type they are."""
+
+    sha256: str
+    media_type: str
+    data: bytes
+
+
 class Store:
     """Sessions, calls and results in one SQLite file; safe across threads and processes.
 
@@ -242,6 +261,9 @@ class Store:
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
         self._closed = False
+        # Hashes of images known to be committed: a session's screenshots are referenced by
+        # every later call, and need not be sent to SQLite again each time.
+        self._stored_images: set[str] = set()
         # Set by checkpoint_in_background: the thread's stop event and the thread.
         self._checkpointer: tuple[threading.Event, threading.Thread] | None = None
         self._init_schema()
@@ -471,7 +493,8 @@ class Store:
 
     def add_call(self, call: Call, assign_index: bool = False, *,
                  request_json: bytes | None = None, response_json: bytes | None = None,
-                 prompt_blob: bytes | None = None) -> Call:
+                 prompt_blob: bytes | None = None,
+                 images: Mapping[str, tuple[str, bytes]] | None = None) -> Call:
         """Record one call in its own transaction, committed when this returns.
 
         With `assign_index`, the call's index is set to the session's next index inside the
@@ -482,11 +505,20 @@ class Store:
         `call.response` (the bodies as they went over the wire): stored instead of encoding
         the values again, they read back as the same values. `prompt_blob`, when given,
         is `ids_to_blob(call.prompt_ids)`, computed by the caller from ids it holds as an
-        array.
+        array. `images` maps sha256 -> (media type, bytes) for the images `call.images`
+        references; those not stored yet are stored in the same transaction.
         """
+        new_images = [(sha, media, data) for sha, (media, data) in (images or {}).items()
+                      if sha not in self._stored_images]
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
         try:
+            if new_images:
+                now = time.time()
+                conn.executemany(
+                    "INSERT OR IGNORE INTO images (sha256, media_type, data, size, created_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    [(sha, media, data, len(data), now) for sha, media, data in new_images])
             if assign_index:
                 row = conn.execute("SELECT COALESCE(MAX(idx) + 1, 0) FROM calls WHERE session_id = ?",
                                    (call.session_id,)).fetchone()
@@ -500,7 +532,20 @@ class Store:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+        self._stored_images.update(sha for sha, _, _ in new_images)
         return call
+
+    # -- images ------------------------------------------------------------------------
+
+    def get_image(self, sha256: str) -> StoredImage | None:
+        """The stored image with this hash, or None."""
+        row = self._conn().execute(
+            "SELECT sha256, media_type, data FROM images WHERE sha256 = ?", (sha256,)).fetchone()
+        return StoredImage(row[0], row[1], bytes(row[2])) if row else None
+
+    def count_images(self) -> int:
+        row = self._conn().execute("SELECT COUNT(*) FROM images").fetchone()
+        return int(row[0])
 
     def get_call(self, call_id: str) -> Call | None:
         row = self._conn().execute(

@@ -16,6 +16,9 @@ gateway's own branch labels are not trusted, only its `branch_reason` hints):
 4. Each branch becomes one `Sample`: the first call's prompt, then for every call the
    observation tokens that arrived since the previous call (mask 0, logprob 0.0) and the
    call's generated tokens (mask 1, the engine's logprobs).
+5. A sample's `images` are the sha256 hashes of the images its token sequence holds, in
+   order (one per image placeholder run, repeats kept): those of its last call's prompt,
+   which every earlier call of the branch extends.
 
 Prefixes are compared as int32 byte strings (`bytes.startswith`, a memcmp) and responses
 are built by appending slices, so a session costs O(total recorded tokens).
@@ -248,6 +251,22 @@ def _assign_branches(calls: list[Call], end_ids: Collection[int]) -> list[_Branc
     return branches
 
 
+def _branch_images(calls: list[Call]) -> list[str]:
+    """The images of a branch's sequence, in order: the last call's prompt holds them all.
+
+    Should a call's images not extend the ones before (only possible when a recording's
+    prompt ids extend while its messages do not), the new ones are appended instead, so
+    no referenced image is ever left out.
+    """
+    images: list[str] = []
+    for call in calls:
+        if call.images[:len(images)] == images:
+            images = list(call.images)
+        else:
+            images.extend(i for i in call.images if i not in images)
+    return images
+
+
 def _branch_sample(branch: _Branch, number: int, session_id: str, session: Session | None,
                    reward: float | None) -> tuple[Sample, int, int]:
     """One branch as a Sample; also returns its generated and observation token counts."""
@@ -255,8 +274,6 @@ def _branch_sample(branch: _Branch, number: int, session_id: str, session: Sessi
     response_ids = array("i")
     mask = array("b")
     logprobs = array("d")
-    images: list[str] = []
-    seen_images: set[str] = set()
     generated = observed = 0
     covered = len(first.prompt_ids)  # tokens of the sequence so far
     for call in branch.calls:
@@ -276,10 +293,6 @@ def _branch_sample(branch: _Branch, number: int, session_id: str, session: Sessi
             logprobs.extend([0.0] * (n - len(lp)))
         generated += n
         covered = len(call.prompt_ids) + n
-        for image in call.images:
-            if image not in seen_images:
-                seen_images.add(image)
-                images.append(image)
     default_version = (session.weight_version if session else None) or ""
     sample = Sample.model_construct(
         sample_id=f"{session_id}/{number}",
@@ -293,7 +306,7 @@ def _branch_sample(branch: _Branch, number: int, session_id: str, session: Sessi
         response_ids=response_ids.tolist(),
         response_mask=mask.tolist(),
         response_logprobs=logprobs.tolist(),
-        images=images,
+        images=_branch_images(branch.calls),
         reward=reward,
         num_turns=len(branch.calls),
         weight_versions=[c.weight_version or default_version for c in branch.calls],

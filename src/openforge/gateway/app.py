@@ -41,7 +41,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from openforge.config import GatewayConfig
-from openforge.gateway.conversation import ChatRequest, Completion, Message
+from openforge.gateway.conversation import ChatRequest, Completion, ImageRef, Message
 from openforge.gateway.dialects import (
     DIALECTS,
     KEEPALIVE_FRAME,
@@ -50,7 +50,20 @@ from openforge.gateway.dialects import (
     count_tokens_response,
 )
 from openforge.gateway.dialects.base import dumps_bytes
-from openforge.gateway.engines.base import Engine, EngineError, GenerateRequest, GenerateResult
+from openforge.gateway.engines.base import (
+    Engine,
+    EngineBusy,
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+)
+from openforge.gateway.images import (
+    ImageError,
+    ImagePolicy,
+    image_blobs,
+    resolve_images,
+    without_inline_images,
+)
 from openforge.gateway.render import ModelBundle, RenderedPrompt, SessionTokens
 from openforge.gateway.sessions import LiveSession, SessionRegistry
 from openforge.store import Store, ids_to_blob
@@ -76,8 +89,11 @@ class GatewayState:
     """Everything the app needs, built once per gateway: config, store, engine, sessions."""
 
     def __init__(self, config: GatewayConfig, store: Store, engine: Engine, bundle: ModelBundle,
-                 *, admin_key: str | None = None, base_url: str = "") -> None:
+                 *, admin_key: str | None = None, base_url: str = "",
+                 image_policy: ImagePolicy | None = None) -> None:
         self.config = config
+        # Where image URLs may be read from and how large images may be (see images.py).
+        self.image_policy = image_policy or ImagePolicy.from_env()
         self.store = store
         # Each call commits from the event loop: keep WAL checkpoints (file copies and
         # syncs) out of those commits.
@@ -262,7 +278,10 @@ async def count_tokens(request: Request) -> Response:
         return _dialect_error("messages", exc.status, exc.message, exc.error_type)
     # A throwaway token cache: counting must not open branches in the session's own.
     try:
+        _resolve_images(state, chat)
         rendered = SessionTokens(state.bundle).render(chat)
+    except ImageError as exc:
+        return _dialect_error("messages", exc.status, exc.message, "invalid_request_error")
     except ValueError as exc:
         return _dialect_error("messages", 400, str(exc), "invalid_request_error")
     return _json(200, count_tokens_response(len(rendered.prompt_ids)))
@@ -312,6 +331,28 @@ async def post_result(request: Request) -> Response:
     return _json(200, {"ok": True, "session_id": live.session.id})
 
 
+async def get_own_calls(request: Request) -> Response:
+    """The calls recorded so far for the session the token belongs to (and no other): what a
+    reward that reads the trajectory sees from inside the sandbox."""
+    state: GatewayState = request.app.state.gateway
+    live = _session_for(request, state)
+    if live is None:
+        return _plain_error(401, _UNAUTHORIZED, "authentication_error")
+    calls = state.store.list_calls(live.session.id)
+    return _json(200, {"calls": [c.model_dump(mode="json") for c in calls]})
+
+
+def _resolve_images(state: GatewayState, chat: ChatRequest) -> list[ImageRef]:
+    """The request's images with their bytes and hashes, in prompt order (ImageError).
+
+    Only for a multimodal model: a text-only model refuses images when rendering, and
+    that is the clearer answer whatever the images are.
+    """
+    if not state.bundle.multimodal:
+        return []
+    return resolve_images(chat, state.image_policy)
+
+
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"]) or "body"
@@ -348,6 +389,7 @@ class CallResponse:
         self.call_id = uuid.uuid4().hex
         self.started_at = time.time()
         self.headers_sent = False
+        self.images: list[ImageRef] = []  # resolved, in prompt order
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
@@ -361,7 +403,12 @@ class CallResponse:
     async def _run(self, send: Send, watcher: asyncio.Future[None]) -> None:
         state, live, chat = self.state, self.live, self.chat
         try:
+            self.images = _resolve_images(state, chat)
             rendered = live.tokens.render(chat)
+        except ImageError as exc:
+            await self._send_json(send, exc.status, self.dialect.error(
+                exc.status, exc.message, "invalid_request_error"))
+            return
         except DialectError as exc:
             await self._send_json(send, exc.status, self.dialect.error(
                 exc.status, exc.message, exc.error_type))
@@ -381,6 +428,10 @@ class CallResponse:
         generation = asyncio.ensure_future(state.engine.generate(request))
         try:
             result = await self._await_generation(send, generation, watcher)
+        except EngineBusy as exc:
+            await self._fail(send, rendered, sampling, 429, str(exc),
+                             retry_after_s=exc.retry_after_s)
+            return
         except EngineError as exc:
             status = exc.status_code if exc.status_code in (502, 503, 504) else 502
             await self._fail(send, rendered, sampling, status, f"engine error: {exc}")
@@ -472,14 +523,17 @@ class CallResponse:
                      weight_version=result.weight_version, exact_tokens=exact)
 
     async def _fail(self, send: Send, rendered: RenderedPrompt, sampling: SamplingParams,
-                    status: int, message: str) -> None:
-        error_type = "overloaded_error" if status == 503 else "api_error"
+                    status: int, message: str, retry_after_s: int | None = None) -> None:
+        error_type = {503: "overloaded_error", 429: "rate_limit_error"}.get(status, "api_error")
         if self.headers_sent:
             frame = self.dialect.error_stream_frame(status, message, error_type)
             await send({"type": "http.response.body", "body": frame, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
         else:
-            await self._send_json(send, status, self.dialect.error(status, message, error_type))
+            headers = (None if retry_after_s is None
+                       else [(b"retry-after", str(retry_after_s).encode())])
+            await self._send_json(send, status, self.dialect.error(status, message, error_type),
+                                  headers)
         self._record(rendered, sampling, status="failed", error=message)
 
     @staticmethod
@@ -494,13 +548,17 @@ class CallResponse:
                 prompt_blob: bytes | None = None,
                 weight_version: str | None = None, exact_tokens: bool = True,
                 error: str | None = None) -> None:
-        live, chat = self.live, self.chat
+        live = self.live
+        request: Any = self.payload
+        request_json: bytes | None = self.body
+        if self.images:  # the image bytes are kept once, in the store's images table
+            request, request_json = without_inline_images(self.payload, self.images), None
         # model_construct: every field is built here from typed values; validating
         # thousands of token ids again per call would be the gateway's largest CPU cost.
         call = Call.model_construct(
             id=self.call_id, session_id=live.session.id, branch=rendered.branch,
             branch_reason=rendered.branch_reason, index=live.take_index(),
-            dialect=self.dialect_name, request=self.payload, response=response,
+            dialect=self.dialect_name, request=request, response=response,
             prompt_ids=rendered.prompt_ids, completion_ids=completion_ids or [],
             logprobs=logprobs or [], finish_reason=finish_reason,
             sampling=sampling.model_dump(),
@@ -508,11 +566,10 @@ class CallResponse:
             or live.session.weight_version,
             exact_tokens=exact_tokens, status=status, error=error,
             body_digest=self.body_digest, retry_count=self.retry_count,
-            images=[image.url for message in chat.messages if message.images
-                    for image in message.images],
+            images=[image.sha256 for image in self.images],
             started_at=self.started_at, finished_at=time.time())
-        self.state.store.add_call(call, request_json=self.body, response_json=response_json,
-                                  prompt_blob=prompt_blob)
+        self.state.store.add_call(call, request_json=request_json, response_json=response_json,
+                                  prompt_blob=prompt_blob, images=image_blobs(self.images))
 
 
 async def _wait_disconnect(receive: Receive) -> None:
@@ -688,6 +745,7 @@ def create_app(state: GatewayState) -> Starlette:
         *_model_routes("/s/{token}/v1"),
         *_model_routes("/v1"),
         Route("/s/{token}/result", post_result, methods=["POST"]),
+        Route("/s/{token}/calls", get_own_calls, methods=["GET"]),
         Route("/admin/sessions", _admin(admin_open_session), methods=["POST"]),
         Route("/admin/sessions", _admin(admin_list_sessions), methods=["GET"]),
         Route("/admin/sessions/{session_id}/close", _admin(admin_close_session), methods=["POST"]),

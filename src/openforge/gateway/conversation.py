@@ -35,9 +35,17 @@ class ToolCall(BaseModel):
 
 
 class ImageRef(BaseModel):
-    """An image in a message: a data URL or an http(s)/file URL, by reference."""
+    """An image in a message: the URL the client sent (a data URL, file or http(s) URL).
+
+    `openforge.gateway.images.resolve_images` fills in the exact bytes (`data`), their
+    sha256 (the image's key in the store) and their media type before the request is
+    rendered; the renderer only ever sees the bytes.
+    """
 
     url: str
+    sha256: str | None = None
+    media_type: str | None = None
+    data: bytes | None = Field(default=None, exclude=True, repr=False)
 
 
 class Message(BaseModel):
@@ -55,7 +63,9 @@ class Message(BaseModel):
         """This message in the OpenAI-chat dict shape that `renderers` takes."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.images:
-            parts: list[dict[str, Any]] = [{"type": "image", "image": i.url} for i in self.images]
+            parts: list[dict[str, Any]] = [
+                {"type": "image", "image": i.data if i.data is not None else i.url}
+                for i in self.images]
             if self.content:
                 parts.append({"type": "text", "text": self.content})
             out["content"] = parts

@@ -62,6 +62,7 @@ BRANCH_REASONS: tuple[str, ...] = (
 )
 
 TINY_MODEL = "tiny"
+TINY_VL_MODEL = "tiny-vl"
 
 
 # ----------------------------------------------------------------------------------------
@@ -181,8 +182,8 @@ def load_model_bundle(model: str = TINY_MODEL, renderer: str = "auto",
                       thinking_retention: str | None = None) -> ModelBundle:
     """Load (once per process) the tokenizer and renderer for `model`.
 
-    `model` is "tiny" (the built-in untrained Qwen3, built offline on first use), a local
-    model folder, or a Hugging Face name available offline. `renderer` is "auto", a
+    `model` is "tiny" (the built-in untrained Qwen3, built offline on first use), "tiny-vl"
+    (its multimodal Qwen3-VL sibling), a local model folder, or a Hugging Face name available offline. `renderer` is "auto", a
     `renderers` config name ("qwen3", "qwen3.5", "llama-3", ...), or
     "default:TOOL_PARSER[:REASONING_PARSER]" (the model's Jinja template with parsers by
     name, e.g. "default:hermes:think"). `thinking_retention`
@@ -200,10 +201,10 @@ def load_model_bundle(model: str = TINY_MODEL, renderer: str = "auto",
 def _load(model: str, renderer: str, thinking_retention: str | None) -> ModelBundle:
     from transformers import AutoTokenizer
 
-    if model == TINY_MODEL:
-        from openforge.tinymodel import ensure_tiny_model
+    if model in (TINY_MODEL, TINY_VL_MODEL):
+        from openforge.tinymodel import ensure_tiny_model, ensure_tiny_vl_model
 
-        path = ensure_tiny_model()
+        path = ensure_tiny_model() if model == TINY_MODEL else ensure_tiny_vl_model()
         source = str(path)
     else:
         path = Path(model).expanduser()
@@ -213,7 +214,8 @@ def _load(model: str, renderer: str, thinking_retention: str | None) -> ModelBun
     except Exception as exc:  # transformers raises OSError / ValueError / HF errors
         raise OpenforgeError(
             f"cannot load the tokenizer of model {model!r} ({type(exc).__name__}); give "
-            "'tiny', a local model folder, or a Hugging Face name cached on this machine"
+            "'tiny', 'tiny-vl', a local model folder, or a Hugging Face name cached on this "
+            "machine"
         ) from None
     config = _renderer_config(model, path, renderer, thinking_retention)
     fast = FastTokenizer(tokenizer) if getattr(tokenizer, "backend_tokenizer", None) else tokenizer
@@ -228,9 +230,38 @@ def _load(model: str, renderer: str, thinking_retention: str | None) -> ModelBun
     name = getattr(getattr(rend, "config", None), "name", None) or type(rend).__name__
     from renderers import is_multimodal
 
+    multimodal = is_multimodal(rend)
+    if multimodal:
+        rend = _with_image_processor(rend, fast, source)
     return ModelBundle(name=model, path=path, tokenizer=fast, renderer=rend,
                        stop_token_ids=list(rend.get_stop_token_ids()), renderer_name=str(name),
-                       multimodal=is_multimodal(rend))
+                       multimodal=multimodal)
+
+
+@dataclass
+class ImageProcessorOnly:
+    """The part of a multimodal HF processor a renderer uses for images.
+
+    `renderers` would lazy-load the model's full `AutoProcessor`, which for Qwen-VL also
+    builds a video processor that needs torchvision; images need only the image processor,
+    the very class (and settings) the inference engine expands placeholders with.
+    """
+
+    image_processor: Any
+
+
+def _with_image_processor(rend: Any, tokenizer: Any, source: str) -> Any:
+    """The renderer rebuilt with the model's own image processor, when one loads offline."""
+    from transformers import AutoImageProcessor
+
+    try:
+        image_processor = AutoImageProcessor.from_pretrained(source)
+    except Exception:  # none cached: the renderer loads the full processor when it needs one
+        return rend
+    try:
+        return type(rend)(tokenizer, rend.config, processor=ImageProcessorOnly(image_processor))
+    except TypeError:  # a renderer that takes no processor argument
+        return rend
 
 
 def _renderer_config(model: str, path: Path, renderer: str,
@@ -365,7 +396,7 @@ def _message_key(m: Message) -> int:
     stripped of surrounding whitespace.
     """
     calls = tuple((c.name, _canonical_arguments(c.arguments)) for c in m.tool_calls)
-    images = tuple(i.url for i in m.images)
+    images = tuple(i.sha256 or i.url for i in m.images)
     return hash((m.role, m.content.strip(), images, calls, m.tool_call_id))
 
 
@@ -465,9 +496,14 @@ class SessionTokens:
             return self._render_raw(request)
         if not request.messages:
             raise ValueError("the request has no messages")
-        if not self.bundle.multimodal and any(m.images for m in request.messages):
-            raise ValueError(f"model {self.bundle.name!r} ({self.bundle.renderer_name}) takes "
-                             "text only; remove the images from the request")
+        if any(m.images for m in request.messages):
+            if not self.bundle.multimodal:
+                raise ValueError(f"model {self.bundle.name!r} ({self.bundle.renderer_name}) "
+                                 "takes text only; remove the images from the request")
+            # The renderer would open a URL itself (files, the network): only bytes that
+            # `images.resolve_images` checked and hashed may reach it.
+            if any(i.data is None for m in request.messages for i in m.images):
+                raise ValueError("the request's images were not resolved before rendering")
         keys = self._fingerprints(request.messages)
         tools_key = self._tools_fingerprint(request.tools)
         first = request.messages[0]

@@ -27,6 +27,7 @@ from openforge.config import EngineConfig, GatewayConfig, RunConfig, load_run_co
 from openforge.errors import OpenforgeError
 from openforge.gateway.app import GatewayState, create_app
 from openforge.gateway.engines.base import Engine
+from openforge.gateway.images import ImagePolicy
 from openforge.gateway.render import ModelBundle, load_model_bundle
 from openforge.store import Store
 from openforge.types import SamplingParams, Session
@@ -102,7 +103,11 @@ class Gateway:
             plugins.create, "engine", self.engine_config.name, model=bundle,
             **self.engine_config.options)
         self.bundle, self.engine = bundle, engine
-        self._state = GatewayState(self.config, self.store, engine, bundle)
+        policy = ImagePolicy.from_env()
+        policy = ImagePolicy(file_root=(self.config.image_root.expanduser().resolve()
+                                        if self.config.image_root else policy.file_root),
+                             max_image_bytes=self.config.max_image_bytes)
+        self._state = GatewayState(self.config, self.store, engine, bundle, image_policy=policy)
         sock = _bind(self.config.host, self.config.port)
         host, port = sock.getsockname()[:2]
         self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

@@ -143,11 +143,14 @@ class SessionRegistry:
         committed with its stored ids, which stay the exact ids the engine saw.
         """
         from openforge.gateway.dialects import DIALECTS, DialectError
+        from openforge.gateway.images import attach_stored_images
 
         replayed = 0
         for call in sorted(calls, key=lambda c: c.index):
             try:
                 request = DIALECTS[call.dialect].parse(call.request, memo=live.memo)
+                if call.images:
+                    attach_stored_images(request, call.images, self.store)
                 rendered = live.tokens.render(request)
                 if call.status != "ok":
                     continue

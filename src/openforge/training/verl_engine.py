@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from openforge.gateway.engines.base import Engine, EngineError, GenerateRequest, GenerateResult
+from openforge.gateway.engines.base import (
+    Engine,
+    EngineBusy,
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+)
 
 
 class VerlEngine(Engine):
@@ -29,6 +35,7 @@ class VerlEngine(Engine):
             raise EngineError("the verl engine needs veRL's LLMServerClient (it runs inside "
                               "veRL's agent loop, not from `openforge run`)", 500)
         self.client = client
+        self.retry_after_s = int(options.get("retry_after_s", 2))
         self.steps_seen: dict[str, list[int]] = {}
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -40,12 +47,23 @@ class VerlEngine(Engine):
             params["stop_token_ids"] = stops
         if sampling.seed is not None:
             params["seed"] = sampling.seed
+        extra: dict[str, Any] = {}
+        images = [ref.data for m in (request.chat.messages if request.chat else [])
+                  for ref in m.images if ref.data is not None]
+        if images:
+            # The prompt ids already hold each image's expanded placeholders (rendered with
+            # the model's processor); veRL's server passes the pixels to vLLM with them.
+            extra["image_data"] = [_pil_image(data) for data in images]
         try:
             out = await self.client.generate(request_id=request.session_id or request.request_id,
                                              prompt_ids=list(request.prompt_ids),
-                                             sampling_params=params)
+                                             sampling_params=params, **extra)
         except Exception as exc:  # a replica that died or was aborted: a failed call, not a crash
             raise EngineError(f"veRL rollout server failed: {type(exc).__name__}: {exc}") from None
+        if getattr(out, "stop_reason", None) == "aborted":
+            # veRL's async trainers abort in-flight generations to sync weights; the partial
+            # turn came from two policies, so it is not kept: the harness waits and retries.
+            raise EngineBusy("veRL is updating the rollout weights", self.retry_after_s)
         ids = list(out.token_ids)
         logprobs = list(out.log_probs or [])
         if len(logprobs) != len(ids):
@@ -65,3 +83,11 @@ class VerlEngine(Engine):
         """(min, max) policy version that served `session_id`'s calls."""
         seen = self.steps_seen.pop(session_id, None)
         return (min(seen), max(seen)) if seen else (default, default)
+
+
+def _pil_image(data: bytes) -> Any:
+    from io import BytesIO
+
+    from PIL import Image
+
+    return Image.open(BytesIO(data)).convert("RGB")

@@ -20,6 +20,15 @@ class EngineError(Exception):
         self.status_code = status_code
 
 
+class EngineBusy(EngineError):
+    """The engine cannot serve now but will shortly (its weights are being replaced): the
+    gateway answers 429 with `Retry-After`, which harnesses' SDKs wait out and retry."""
+
+    def __init__(self, message: str, retry_after_s: int = 2):
+        super().__init__(message, 429)
+        self.retry_after_s = retry_after_s
+
+
 class EngineConfigError(OpenforgeError):
     """The engine cannot be built from the given options (missing file, bad URL...)."""
 

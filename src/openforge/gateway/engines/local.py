@@ -148,6 +148,11 @@ class LocalEngine(Engine):
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         if not request.prompt_ids:
             raise EngineError("empty prompt", 400)
+        if request.chat is not None and any(m.images for m in request.chat.messages):
+            # Its decoding loop feeds token ids only; image placeholders without their pixels
+            # would be generated from garbage. Say so instead.
+            raise EngineError("the local engine runs text-only decoding; serve image requests "
+                              "with the vllm engine (or scripted, for tests)", 400)
         stop_ids = request.stop_token_ids or list(getattr(self.model, "stop_token_ids", []))
         loop = asyncio.get_running_loop()
         lock = self._locks.get(loop)
