@@ -42,13 +42,15 @@ def cli() -> None:
 def plugins() -> None:
     """List installed plugins: kind, name, distribution, version, description."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from openforge.plugins import get_registry
 
     table = Table("kind", "name", "distribution", "version", "description", box=None)
     for reg in get_registry().registrations():
-        table.add_row(reg.kind, reg.name, reg.distribution, reg.version, reg.description)
+        # Descriptions are plain text: "openforge[verl]" is not rich markup.
+        table.add_row(reg.kind, reg.name, reg.distribution, reg.version, escape(reg.description))
     Console(width=200).print(table)
 
 

@@ -12,8 +12,8 @@ base class; its docstring's first line is what `openforge plugins` shows. Names 
 per kind across all installed plugins: two plugins registering the same name is an error.
 
 The built-in plugins (harness `mini`, environment `demo`, reward `checker`, executor
-`local`, the engines and the local trainer) are registered through this very mechanism,
-from `openforge.builtin`.
+`local`, the engines, the local trainer and the `demo` recipe) are registered through this
+very mechanism, from `openforge.builtin`.
 """
 
 from __future__ import annotations
@@ -97,4 +97,14 @@ def register_trainers(register: Register) -> None:
     A trainer (subclass of `openforge.trainer.Trainer`) consumes `Sample`s in the shared
     format (`local` GRPO/SFT on one machine, `verl` on GPU clusters) and is launched by
     `openforge train --backend NAME`.
+    """
+
+
+@hookspec
+def register_recipes(register: Register) -> None:
+    """Register training recipes: whole pipelines run by `openforge train --recipe NAME`.
+
+    A recipe (subclass of `openforge.recipe.Recipe`) reads its own knobs from the config file
+    and `--set key=value` overrides in `run(config_path, overrides, console)`, runs every
+    phase, and returns a JSON-ready summary (the built-in `demo` recipe is registered so).
     """

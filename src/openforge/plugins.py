@@ -8,6 +8,7 @@ that lists what is installed.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import warnings
 from collections.abc import Callable
@@ -29,6 +30,7 @@ KINDS: dict[str, str] = {
     "executor": "register_executors",
     "engine": "register_engines",
     "trainer": "register_trainers",
+    "recipe": "register_recipes",
 }
 
 
@@ -147,6 +149,18 @@ def get_registry() -> PluginRegistry:
 
 def lookup(kind: str, name: str) -> Registration:
     return get_registry().lookup(kind, name)
+
+
+def lazy(target: str) -> Callable[..., Any]:
+    """A factory that imports `module:attr` on first call and builds it: register heavy
+    plugins this way so that `openforge plugins` and unrelated runs never import them."""
+    module_name, attr = target.split(":")
+
+    def factory(**options: Any) -> Any:
+        return getattr(importlib.import_module(module_name), attr)(**options)
+
+    factory.__qualname__ = factory.__name__ = attr
+    return factory
 
 
 def create(kind: str, name: str, **options: Any) -> Any:

@@ -3,6 +3,10 @@
 Options: `max_steps` (default 6), `max_tokens` per model call (default 256: the untrained
 default model rambles, and 2 CPU cores must finish `openforge run` in minutes),
 `temperature` (default: the session's sampling).
+
+`AgentProgramHarness` is the part any agent program of this kind shares (the task in a
+file, `python -m <program>` against the session URL, a JSON transcript, exit code 0 done /
+1 agent error / other: crashed); openforge-gui's `gui-agent` builds on it too.
 """
 
 from __future__ import annotations
@@ -12,9 +16,8 @@ import os
 import sys
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from openforge.errors import OpenforgeError
 from openforge.harness import (
     Command,
     Harness,
@@ -22,13 +25,16 @@ from openforge.harness import (
     HarnessOutput,
     ProcessOutput,
     WireAPI,
+    validate_options,
 )
 
 TRANSCRIPT = "mini_transcript.json"
 TASK_FILE = "mini_task.txt"
 
 
-class MiniOptions(BaseModel):
+class AgentProgramOptions(BaseModel):
+    """The options every agent program takes; a subclass adds its own and its defaults."""
+
     model_config = ConfigDict(extra="forbid")
 
     max_steps: int = Field(default=6, ge=1)
@@ -36,54 +42,77 @@ class MiniOptions(BaseModel):
     temperature: float | None = None
 
 
-class MiniHarness(Harness):
-    """A small ReAct-style agent on the official openai SDK, with shell and write_file tools."""
+class MiniOptions(AgentProgramOptions):
+    """mini's options: the shared ones, with their defaults."""
+
+
+class AgentProgramHarness(Harness):
+    """Runs `python -m <program>` with the arguments of `mini_agent.agent_arguments`.
+
+    Subclasses name the program, their options model (`max_steps`, `max_tokens`,
+    `temperature` and their own), their file names, and may add arguments and read the
+    final answer their own way.
+    """
 
     wire_api: ClassVar[WireAPI] = "chat"
+    label: ClassVar[str] = "mini"  # in option errors and in the statuses' messages
+    program: ClassVar[str] = "openforge.builtin.mini_agent"
+    options_model: ClassVar[type[AgentProgramOptions]] = MiniOptions
+    task_file: ClassVar[str] = TASK_FILE
+    transcript_file: ClassVar[str] = TRANSCRIPT
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        try:
-            self.config = MiniOptions.model_validate(options)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
-            raise OpenforgeError(f"mini harness option {where}: {err['msg']}") from None
+        self.config = validate_options(self.options_model, options, self.label)
 
     def prepare(self, ctx: HarnessContext) -> None:
-        (ctx.home / TASK_FILE).write_text(ctx.task.prompt)
+        (ctx.home / self.task_file).write_text(ctx.task.prompt)
+
+    def extra_arguments(self) -> list[str]:
+        """The program's own arguments, after the shared ones."""
+        return []
 
     def command(self, ctx: HarnessContext) -> Command:
-        argv = [sys.executable, "-m", "openforge.builtin.mini_agent",
-                "--task-file", str(ctx.home / TASK_FILE), "--workspace", str(ctx.workspace),
-                "--transcript", str(ctx.home / TRANSCRIPT), "--base-url", ctx.base_url,
+        argv = [sys.executable, "-m", self.program,
+                "--task-file", str(ctx.home / self.task_file), "--workspace", str(ctx.workspace),
+                "--transcript", str(ctx.home / self.transcript_file), "--base-url", ctx.base_url,
                 "--model", ctx.model, "--max-steps", str(self.config.max_steps),
                 "--max-tokens", str(self.config.max_tokens)]
         if self.config.temperature is not None:
             argv += ["--temperature", str(self.config.temperature)]
+        argv += self.extra_arguments()
         # The agent's `python` is the interpreter openforge runs on, whatever PATH says.
         path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", os.defpath)])
         return Command(argv=argv, env={"OPENAI_API_KEY": ctx.api_key, "OPENAI_BASE_URL": ctx.base_url,
                                        "PATH": path}, cwd=ctx.workspace)
 
+    def final_answer(self, stdout: str) -> str | None:
+        """The answer the program printed: its last line of stdout."""
+        lines = stdout.strip().splitlines()
+        return lines[-1] if lines else None
+
     def parse_output(self, ctx: HarnessContext, proc: ProcessOutput) -> HarnessOutput:
         transcript: Any = None
-        path = ctx.home / TRANSCRIPT
+        path = ctx.home / self.transcript_file
         if path.exists():
             try:
                 transcript = json.loads(path.read_text())
             except ValueError:
                 transcript = None
-        lines = proc.stdout.strip().splitlines()
-        answer = lines[-1] if lines else None
+        answer = self.final_answer(proc.stdout)
         err_tail = proc.stderr.strip()[-2000:] or None
+        name = self.label
         if proc.timed_out:
-            return HarnessOutput(status="timeout", transcript=transcript, error="mini timed out")
+            return HarnessOutput(status="timeout", transcript=transcript, error=f"{name} timed out")
         if proc.returncode == 0:
             return HarnessOutput(status="completed", final_answer=answer, transcript=transcript)
         if proc.returncode == 1:
             return HarnessOutput(status="failed", final_answer=answer, transcript=transcript,
-                                 error=err_tail or "mini failed")
+                                 error=err_tail or f"{name} failed")
         # 2: the model endpoint was down; negative: killed by a signal; other: a crash.
         return HarnessOutput(status="crashed", transcript=transcript,
-                             error=err_tail or f"mini exited with code {proc.returncode}")
+                             error=err_tail or f"{name} exited with code {proc.returncode}")
+
+
+class MiniHarness(AgentProgramHarness):
+    """A small ReAct-style agent on the official openai SDK, with shell and write_file tools."""

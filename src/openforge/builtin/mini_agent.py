@@ -103,25 +103,33 @@ def run_tool(workspace: Path, name: str, raw_args: str) -> str:
     return func(workspace, args)
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="mini_agent")
+def agent_arguments(prog: str, max_steps: int, max_tokens: int) -> argparse.ArgumentParser:
+    """The arguments every agent program takes (what `mini.AgentProgramHarness` passes)."""
+    p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--task-file", type=Path, required=True)
     p.add_argument("--workspace", type=Path, required=True)
     p.add_argument("--transcript", type=Path, required=True)
     p.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL"))
     p.add_argument("--model", default="policy")
-    p.add_argument("--max-steps", type=int, default=6)
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--max-steps", type=int, default=max_steps)
+    p.add_argument("--max-tokens", type=int, default=max_tokens)
     p.add_argument("--temperature", type=float, default=None)
-    return p.parse_args(argv)
+    return p
+
+
+def openai_client(base_url: str | None) -> Any:
+    """The session's endpoint on the official SDK; the key is the session token."""
+    import openai  # imported late so `--help` stays instant
+
+    return openai.OpenAI(base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY", "none"),
+                         max_retries=2, timeout=600.0)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
-    import openai  # imported late so `--help` stays instant
+    args = agent_arguments("mini_agent", max_steps=6, max_tokens=256).parse_args(argv)
+    import openai  # for its error types
 
-    client = openai.OpenAI(base_url=args.base_url, api_key=os.environ.get("OPENAI_API_KEY", "none"),
-                           max_retries=2, timeout=600.0)
+    client = openai_client(args.base_url)
     task = args.task_file.read_text()
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT},
                                       {"role": "user", "content": task}]

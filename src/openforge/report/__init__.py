@@ -19,6 +19,8 @@ import yaml
 
 from openforge.errors import OpenforgeError
 from openforge.metrics import MetricsSummary, summarize
+from openforge.report.behaviours import analyse, behaviours_html
+from openforge.report.filmstrip import load_filmstrips
 from openforge.types import Call
 
 REPORT_JSON = "report.json"
@@ -47,7 +49,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     k = int(config.get("k") or max([r.attempt + 1 for r in records], default=1))
     task_ids = list(dict.fromkeys(r.task_id for r in records))
     metrics = summarize([r.outcome() for r in records], k, task_ids)
-    return {
+    report: dict[str, Any] = {
         "run_id": config.get("run_id") or run_dir.name,
         "generated_at": time.time(),
         "config": config,
@@ -69,6 +71,8 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         ],
         "trajectories": _trajectory_metrics(run_dir),
     }
+    report["behaviours"] = analyse(report, _load_calls(run_dir, report))
+    return report
 
 
 def _trajectory_metrics(run_dir: Path) -> dict[str, Any] | None:
@@ -94,7 +98,8 @@ def write_report(run_dir: Path) -> list[Path]:
     data = build_report(run_dir)
     json_path, html_path = run_dir / REPORT_JSON, run_dir / REPORT_HTML
     json_path.write_text(json.dumps(data, indent=1, default=str))
-    html_path.write_text(render_html(data, _load_calls(run_dir, data)))
+    calls = _load_calls(run_dir, data)
+    html_path.write_text(render_html(data, calls, load_filmstrips(run_dir, data, calls)))
     return [json_path, html_path]
 
 
@@ -302,7 +307,8 @@ def _status_html(attempt: dict[str, Any]) -> str:
     return f"<span class='{cls}'>{'passed' if attempt['passed'] else 'failed'}</span>"
 
 
-def render_html(data: dict[str, Any], calls: dict[str, list[Call]]) -> str:
+def render_html(data: dict[str, Any], calls: dict[str, list[Call]],
+                filmstrips: dict[str, str] | None = None) -> str:
     """The self-contained HTML page for a report dict and the recorded calls."""
     s = data["summary"]
     cfg = data.get("config") or {}
@@ -320,6 +326,7 @@ def render_html(data: dict[str, Any], calls: dict[str, list[Call]]) -> str:
                     f"<td class='num'>{_fmt(data['pass_hat_k'].get(k))}</td></tr>")
     body.append("</table>" + _svg_curve(data["pass_at_k"], data["pass_hat_k"]))
     body.append(_trajectory_metrics_html(data.get("trajectories")))
+    body.append(behaviours_html(data.get("behaviours")))
     body.append("<h2>Tasks</h2><table><tr><th>task</th><th>scored</th><th>passed</th><th>infra</th>"
                 "<th>mean reward</th><th>pass@1</th></tr>")
     for row in data["tasks"]:
@@ -347,6 +354,7 @@ def render_html(data: dict[str, Any], calls: dict[str, list[Call]]) -> str:
             inner.append(f"<p><b>checker</b></p><pre>{_e(a['reward_details'])}</pre>")
         if a.get("final_answer"):
             inner.append(f"<p><b>final answer</b></p><pre>{_e(a['final_answer'])}</pre>")
+        inner.append((filmstrips or {}).get(a["session_id"], ""))  # GUI rollouts: screens
         inner.append(_trajectory_html(calls.get(a["session_id"], [])))
         body.append(f"<details><summary>{head}</summary>{''.join(inner)}</details>")
     template = resources.files("openforge.report").joinpath("template.html").read_text()

@@ -32,6 +32,7 @@ from rich.console import Console
 
 from openforge.config import EngineConfig, RunConfig, build_config
 from openforge.errors import OpenforgeError
+from openforge.recipe import Recipe
 from openforge.training import demo_tasks
 from openforge.training.local import LocalTrainOptions, TrainingRun, grpo_loop, load_samples
 from openforge.training.plot import text_curve, write_curve
@@ -62,6 +63,9 @@ class DemoRecipe(BaseModel):
     grpo_steps: int = Field(default=8, ge=0)
     grpo_learning_rate: float = 5e-4
     tasks_per_step: int = Field(default=6, ge=1)
+    # GRPO's Adam starts from the SFT's variance estimates (zero momentum): see
+    # PolicyOptimizer.adopt_second_moments.
+    grpo_adam_from_sft: bool = True
     k: int = Field(default=4, ge=2)  # attempts per task in a GRPO group
     temperature: float = 1.0
     eval_k: int = Field(default=4, ge=1)  # attempts per held-out task at each evaluation
@@ -157,6 +161,8 @@ class DemoPipeline:
         opts = self._options("grpo", r.grpo_learning_rate, tasks_per_step=r.tasks_per_step,
                              micro_batch_size=8)
         run = TrainingRun(opts, sft_dir, self.console, "grpo")
+        if r.grpo_adam_from_sft and run.policy.step == 0:
+            run.policy.adopt_second_moments(sft_dir)
         engine = EngineConfig(name="local", model=str(sft_dir))
         try:
             async with RolloutCollector(_run_config(r, sft_dir, engine),
@@ -222,14 +228,26 @@ class DemoPipeline:
         return summary
 
 
-RECIPES = ("demo",)
+class DemoRecipeRunner(Recipe):
+    """The `demo` recipe as registered through the builtin plugin (`register_recipes`)."""
+
+    def run(self, config_path: Path | None, overrides: list[str] | tuple[str, ...],
+            console: Console) -> dict[str, Any]:
+        recipe = build_config(DemoRecipe, config_path, overrides)
+        return asyncio.run(DemoPipeline(recipe, console).run())
 
 
 def run_recipe(name: str, config_path: Path | None = None,
                overrides: list[str] | tuple[str, ...] = (),
                console: Console | None = None) -> dict[str, Any]:
-    """`openforge train --recipe NAME [--config FILE] [--set key=value ...]`."""
-    if name not in RECIPES:
-        raise OpenforgeError(f"unknown recipe {name!r}; available: {', '.join(RECIPES)}")
-    recipe = build_config(DemoRecipe, config_path, overrides)
-    return asyncio.run(DemoPipeline(recipe, console or Console()).run())
+    """`openforge train --recipe NAME [--config FILE] [--set key=value ...]`: the recipe a
+    plugin registered as NAME (`register_recipes`)."""
+    from openforge import plugins
+
+    try:
+        recipe = plugins.create("recipe", name)
+    except plugins.UnknownPluginError:
+        available = ", ".join(plugins.get_registry().names("recipe")) or "none"
+        raise OpenforgeError(f"unknown recipe {name!r}; available: {available}") from None
+    result: dict[str, Any] = recipe.run(config_path, overrides, console or Console())
+    return result

@@ -1,0 +1,96 @@
+"""A mock service that is a program of the task's own (Claw-Eval's `command:` services).
+
+The command runs in its own process group with `{port}` in its arguments and the `PORT`
+environment variable set to a free loopback port chosen here (never the fixed port the
+task file names: concurrent rollouts would collide). It is ready when `health_check`
+answers below 500. `stop()` kills the whole group; the kernel also kills it when the
+rollout process dies first.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from openforge.executors.process import die_with_parent
+
+_READY_TIMEOUT_S = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class CommandService:
+    """A service started from a command line; the grader sees its `/state` answer if any."""
+
+    def __init__(self, name: str, command: str, cwd: Path, env: dict[str, str] | None = None,
+                 health_check: str = "/", state_path: str | None = None) -> None:
+        self.name = name
+        self.command = command
+        self.cwd = cwd
+        self.env = env or {}
+        self.health_check = health_check
+        self.state_path = state_path
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.port = free_port()
+        argv = [a.replace("{port}", str(self.port)) for a in shlex.split(self.command)]
+        env = {**os.environ, **self.env, "PORT": str(self.port)}
+        self.proc = subprocess.Popen(argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True, preexec_fn=die_with_parent())
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"service {self.name!r} exited with code "
+                                   f"{self.proc.returncode} before it was ready: {self.command}")
+            try:
+                if httpx.get(self.url + self.health_check, timeout=1.0).status_code < 500:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"service {self.name!r} was not ready on port {self.port} "
+                           f"within {_READY_TIMEOUT_S:g}s: {self.command}")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=3)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.proc.wait()
+        self.proc = None
+
+    def snapshot(self) -> dict[str, Any]:
+        state: Any = None
+        if self.state_path and self.proc is not None:
+            try:
+                state = httpx.get(self.url + self.state_path, timeout=5.0).json()
+            except (httpx.HTTPError, ValueError):
+                state = None
+        return {"url": self.url, "state": state, "log": []}

@@ -1,0 +1,140 @@
+"""The computer API over real HTTP: auth, observations, actions, step limit, episode end,
+and the browser screen in real headless Chromium on a local page."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from PIL import Image
+
+from openforge_gui.actions import Action, Click, Type
+from openforge_gui.computer import (
+    ActionFailed,
+    Computer,
+    ComputerAPIError,
+    ComputerClient,
+    ComputerServer,
+    Episode,
+)
+
+
+class Canvas(Computer):
+    """A real screen of our own: a PIL image that clicks paint black."""
+
+    def __init__(self) -> None:
+        self.image = Image.new("RGB", (64, 48), "white")
+        self.typed = ""
+
+    def screenshot(self) -> tuple[bytes, int, int]:
+        out = io.BytesIO()
+        self.image.save(out, "PNG")
+        return out.getvalue(), 64, 48
+
+    def perform(self, action: Action) -> None:
+        if isinstance(action, Click):
+            if not (0 <= action.x < 64 and 0 <= action.y < 48):
+                raise ActionFailed(f"({action.x}, {action.y}) is off the screen")
+            self.image.putpixel((action.x, action.y), (0, 0, 0))
+        elif isinstance(action, Type):
+            self.typed += action.text
+
+
+@pytest.fixture()
+def served() -> Iterator[tuple[ComputerServer, Canvas]]:
+    canvas = Canvas()
+    server = ComputerServer(Episode(canvas, max_steps=3))
+    yield server, canvas
+    server.close()
+
+
+def test_wrong_or_missing_token_is_401(served: tuple[ComputerServer, Canvas]) -> None:
+    server, _ = served
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": server.token}):
+        response = httpx.get(f"{server.url}/observation", headers=headers)
+        assert response.status_code == 401
+        assert "token" in response.json()["error"]
+        response = httpx.post(f"{server.url}/action", headers=headers, json={"type": "wait"})
+        assert response.status_code == 401
+    with pytest.raises(ComputerAPIError, match="401"):
+        ComputerClient(server.url, "wrong").observation()
+
+
+def test_bad_bodies_and_paths_are_one_line_4xx(served: tuple[ComputerServer, Canvas]) -> None:
+    server, _ = served
+    auth = {"Authorization": f"Bearer {server.token}"}
+    bad = httpx.post(f"{server.url}/action", headers=auth, content=b"{not json")
+    assert bad.status_code == 400 and "\n" not in bad.json()["error"]
+    unknown = httpx.post(f"{server.url}/action", headers=auth, json={"type": "teleport"})
+    assert unknown.status_code == 400
+    assert httpx.get(f"{server.url}/nope", headers=auth).status_code == 404
+
+
+def test_actions_change_the_screen_and_the_step_limit_ends_it(
+        served: tuple[ComputerServer, Canvas], tmp_path: Path) -> None:
+    server, canvas = served
+    server.config.write(tmp_path)
+    assert json.loads((tmp_path / ".openforge/computer.json").read_text())["url"] == server.url
+    client = ComputerClient.from_workspace(tmp_path)
+    first = client.observation()
+    assert (first.width, first.height, first.step, first.done) == (64, 48, 0, False)
+    result = client.act(Click(x=10, y=20))
+    assert result.ok and result.step == 1 and not result.done
+    png = base64.b64decode(client.observation().screenshot)
+    assert Image.open(io.BytesIO(png)).getpixel((10, 20)) == (0, 0, 0)
+    off = client.act(Click(x=500, y=5))  # performed as a step, reported as failed
+    assert not off.ok and "off the screen" in (off.error or "") and off.step == 2
+    last = client.act({"type": "type", "text": "hi"})
+    assert last.done and last.step == 3 and canvas.typed == "hi"
+    refused = client.act(Click(x=1, y=1))
+    assert not refused.ok and refused.done and refused.step == 3
+    summary = server.episode.summary()
+    assert summary["ended_by"] == "step_limit" and len(summary["history"]) == 3
+    assert [h["action_text"] for h in summary["history"]][0] == "click(x=10, y=20)"
+
+
+def test_answer_ends_the_episode(served: tuple[ComputerServer, Canvas]) -> None:
+    server, _ = served
+    client = ComputerClient(server.url, server.token)
+    result = client.act({"type": "answer", "text": "42"})
+    assert result.done and result.ok
+    obs = client.observation()
+    assert obs.done and obs.answer == "42"
+    assert server.episode.summary()["ended_by"] == "answer"
+
+
+def test_browser_screen_in_headless_chromium(tmp_path: Path) -> None:
+    from openforge_gui.browser import BrowserComputer
+
+    page = tmp_path / "page.html"
+    page.write_text("<html><body style='margin:0'><input id='q' style='width:200px'>"
+                    "<button id='b' onclick=\"document.title='clicked '+q.value\">Go</button>"
+                    "</body></html>")
+    browser = BrowserComputer(320, 200, allow_goto=False, action_timeout_s=1.0)
+    try:
+        browser.open(page.as_uri())
+        episode = Episode(browser, max_steps=10, keep_screens=tmp_path / "screens")
+        episode.act(Click(x=20, y=10))
+        episode.act(Type(text="abc"))
+        episode.act(parse("click_element(text='Go')"))
+        assert browser.location()[1] == "clicked abc"
+        nav = episode.act(parse('goto("https://example.com")'))
+        assert not nav.ok and "does not allow" in (nav.error or "")
+        missing = episode.act(parse('click_element(selector="#nope")'))
+        assert not missing.ok and "\n" not in (missing.error or "")
+        png, width, height = browser.screenshot()
+        assert png.startswith(b"\x89PNG") and Image.open(io.BytesIO(png)).size == (320, 200)
+        assert (tmp_path / "screens/step-3.png").is_file()
+    finally:
+        browser.close()
+
+
+def parse(text: str) -> Action:
+    from openforge_gui.actions import parse_action
+
+    return parse_action(text)

@@ -1,0 +1,94 @@
+"""MiniWoB++ end to end through the real `openforge run` path: the gateway, the scripted
+engine on the tiny multimodal model, the local executor, the gui-agent program, headless
+Chromium on the pages of PyPI `miniwob`, the reward read from the page. The right scripts
+score 1.0 on every task, the wrong ones 0; the images the gateway stored are the exact
+bytes the agent sent, the samples reference them, and the report shows the filmstrip."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from openforge.config import EngineConfig, RunConfig
+from openforge.runner import read_results, run_from_config
+from openforge.store import Store
+from openforge.trajectory import build_samples
+from openforge_gui.miniwob import TASKS, MiniWobEnvironment
+
+SOLUTIONS = Path(__file__).parents[1] / "src" / "openforge_gui" / "solutions"
+
+
+def _run(script: str, runs: Path) -> Any:
+    config = RunConfig(harness="gui-agent", environment="miniwob", reward="checker",
+                       engine=EngineConfig(name="scripted", model="tiny-vl",
+                                           options={"script": str(SOLUTIONS / script)}),
+                       runs_dir=runs, concurrency=2, timeout_s=120)
+    return run_from_config(config)
+
+
+@pytest.fixture(scope="module")
+def right(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return _run("miniwob.yaml", tmp_path_factory.mktemp("right"))
+
+
+def test_at_least_ten_tasks_with_fixed_seeds() -> None:
+    tasks = list(MiniWobEnvironment().tasks())
+    assert len(tasks) >= 10 and len({t.id for t in tasks}) == len(tasks) == len(TASKS)
+    assert all(t.data["seed"] is not None and t.data["instruction"] in t.prompt for t in tasks)
+
+
+def test_scripted_solutions_score_one_on_every_task(right: Any) -> None:
+    records = read_results(right.run_dir)
+    assert {r.task_id for r in records} == {name for name, _, _ in TASKS}
+    assert right.metrics.infra_failures == 0
+    assert {r.task_id: r.reward for r in records} == {name: 1.0 for name, _, _ in TASKS}
+
+
+def test_wrong_actions_score_zero_on_every_task(tmp_path: Path) -> None:
+    summary = _run("miniwob_wrong.yaml", tmp_path)
+    records = read_results(summary.run_dir)
+    assert summary.metrics.infra_failures == 0 and len(records) == len(TASKS)
+    assert {r.task_id: r.reward for r in records} == {name: 0.0 for name, _, _ in TASKS}
+    # MiniWoB itself judged the wrong clicks and texts (-1), not just a missing answer.
+    judged = [r for r in records if (r.reward_details or {}).get("done")]
+    assert len(judged) >= 6 and all(r.reward_details["raw_reward"] < 0 for r in judged)
+
+
+def test_stored_images_are_the_bytes_sent_and_samples_reference_them(right: Any) -> None:
+    with Store(right.run_dir / "store.sqlite") as store:
+        pairs = store.list_results()
+        assert len(pairs) == len(TASKS)
+        for session, result in pairs:
+            steps = result.harness_output["transcript"]["steps"]
+            calls = store.list_calls(session.id)
+            assert len(calls) == len(steps) >= 1
+            for step, call in zip(steps, calls, strict=True):
+                assert call.images == step["request_images"]
+                assert call.images[-1] == step["screenshot_sha256"]
+                for sha in call.images:
+                    stored = store.get_image(sha)
+                    assert stored is not None and stored.media_type == "image/png"
+                    assert hashlib.sha256(stored.data).hexdigest() == sha
+                    assert stored.data.startswith(b"\x89PNG")
+            samples = build_samples(calls).samples
+            assert len(samples) == len(steps)  # one training sample per step
+            for sample, call in zip(samples, calls, strict=True):
+                assert sample.images == call.images
+
+
+def test_report_shows_the_filmstrip(right: Any) -> None:
+    page = (right.run_dir / "report.html").read_text()
+    assert page.count("<figure class='frame'>") >= sum(1 for _ in TASKS)
+    assert "one sample per step" in page
+    with Store(right.run_dir / "store.sqlite") as store:
+        session, result = next((s, r) for s, r in store.list_results() if s.task_id == "enter-text")
+        steps = result.harness_output["transcript"]["steps"]
+        shot = store.get_image(steps[0]["screenshot_sha256"])
+    assert shot is not None
+    assert f"data:image/png;base64,{base64.b64encode(shot.data).decode()}" in page
+    assert "type(&quot;Jerald&quot;)" in page or 'type("Jerald")' in page  # the model output
+    assert "type(text=&quot;Jerald&quot;)" in page  # the parsed action

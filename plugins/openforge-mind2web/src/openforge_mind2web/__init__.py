@@ -1,0 +1,1 @@
+"""openforge-mind2web: Online-Mind2Web tasks in a browser, judged WebJudge-style."""

@@ -1,0 +1,1 @@
+"""Stand-in `desktop_env` package: see desktop_env.py."""
