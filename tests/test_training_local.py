@@ -355,3 +355,71 @@ def test_a_batch_without_signal_leaves_the_weights_alone(tiny_dir: Path) -> None
     assert metrics["skipped"] == 1.0 and metrics["grad_norm"] == 0.0 and policy.step == 2
     after = policy.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("family", ["clean", "archive", "tally", "empty", "count", "delete"])
+def test_demo_family_teacher_passes_and_untouched_workspace_fails(tmp_path, family):
+    """Each demo family's checker passes the teacher's command and fails a workspace left as is."""
+    import subprocess
+
+    from openforge.training import demo_tasks
+
+    env = demo_tasks.FamilyEnvironment(families=[family], train_per_family=2, test_per_family=1)
+    tasks = list(env.tasks())
+    assert {t.split for t in tasks} == {"train", "test"}
+    for task in tasks:
+        inst = demo_tasks._parse_id(task.id)
+        for solve in (False, True):
+            ws = tmp_path / f"{task.id}-{solve}"
+            ws.mkdir()
+            env.prepare(task, ws)
+            if solve:
+                assert inst.tool == "shell"
+                subprocess.run(["/bin/sh", "-c", inst.arguments["command"]], cwd=ws, check=True)
+            verdict = env.check(task, ws, env.final_state(task, ws))
+            assert verdict.passed is solve, (task.id, solve, verdict.details)
+
+
+def test_metrics_log_writes_tensorboard_scalars_readable_by_tensorboard(tmp_path):
+    """With tensorboard installed, each step's numbers land as scalars TensorBoard reads back."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from openforge.training.metrics_log import MetricsLog, read_metrics
+
+    log = MetricsLog(tmp_path)
+    assert log.has_tensorboard
+    for step, reward in ((1, 0.25), (2, 0.75)):
+        log.log({"phase": "grpo", "step": step, "reward_mean": reward, "kl": float("nan"),
+                 "note": "text is not a scalar"})
+    log.close()
+    assert [m["reward_mean"] for m in read_metrics(tmp_path / "metrics.jsonl")] == [0.25, 0.75]
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    scalars = events.Scalars("grpo/reward_mean")
+    assert [(s.step, s.value) for s in scalars] == [(1, 0.25), (2, 0.75)]
+    assert "grpo/note" not in events.Tags()["scalars"]
+
+
+def test_grpo_adam_adopts_sft_variances_with_zero_momentum(tiny_dir: Path, tmp_path: Path) -> None:
+    """The RL phase's Adam keeps the SFT's second moments (step sizes proportional to the
+    gradient), starts with zero momentum and takes its own learning rate."""
+    sft = PolicyOptimizer(tiny_dir, _options(learning_rate=1e-2))
+    demo = Sample(sample_id="d", session_id="d", prompt_ids=[14990, 1879, 11],
+                  response_ids=[576, 374, 151645], response_mask=[1, 1, 1],
+                  response_logprobs=[0.0] * 3)
+    for _ in range(3):
+        sft.sft_step([demo])
+    path = sft.save(tmp_path / "sft")
+    rl = PolicyOptimizer(path, _options(learning_rate=1e-4))
+    rl.adopt_second_moments(path)
+    assert rl.step == 0 and rl.optimizer.param_groups[0]["lr"] == 1e-4
+    before = {id(p): s for p, s in sft.optimizer.state.items()}
+    names = dict(sft.model.named_parameters())
+    for name, param in rl.model.named_parameters():
+        state = rl.optimizer.state[param]
+        if "exp_avg_sq" not in state:
+            continue
+        saved = before[id(names[name])]
+        assert torch.equal(state["exp_avg_sq"], saved["exp_avg_sq"])
+        assert not state["exp_avg"].any()

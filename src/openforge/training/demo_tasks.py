@@ -76,10 +76,32 @@ def _make(family: str, name: str, word: str) -> Instance:
         return Instance(iid, family, f"Create the directory {name} with an empty __init__.py "
                         "file in it.", {}, "write_file",
                         {"path": f"{name}/__init__.py", "content": ""})
+    # The workspace families: the prompt names the file, but one generic command solves
+    # every instance, so a small model can learn them from few demonstrations and be tested
+    # on instances (names, contents) it never saw.
+    if family == "clean":
+        return Instance(iid, family, f"Delete the temporary files in the workspace but keep "
+                        f"{name}.txt.", {f"{name}.txt": "keep\n", f"{word}.tmp": "x\n",
+                                         "cache.tmp": "y\n"}, "shell", {"command": "rm *.tmp"})
+    if family == "archive":
+        return Instance(iid, family, f"Move {name}.txt into a new directory named archive.",
+                        {f"{name}.txt": f"{word}\n"}, "shell",
+                        {"command": "mkdir archive && mv *.txt archive/"})
+    if family == "tally":
+        lines = 3 + len(word)
+        return Instance(iid, family, f"Count the lines of {name}.txt and write just the number "
+                        "to count.out.", {f"{name}.txt": "".join(f"{word} {i}\n"
+                                                                 for i in range(lines))},
+                        "shell", {"command": "cat *.txt | wc -l > count.out"})
+    if family == "empty":
+        return Instance(iid, family, f"Empty the file {name}.txt but keep it.",
+                        {f"{name}.txt": f"{word}\n" * 3}, "shell",
+                        {"command": "truncate -s 0 *.txt"})
     raise KeyError(family)
 
 
-FAMILIES = ("write", "append", "rename", "count", "delete", "package")
+FAMILIES = ("write", "append", "rename", "count", "delete", "package",
+            "clean", "archive", "tally", "empty")
 
 
 def _score(inst: Instance, ws: Path) -> tuple[float, dict[str, Any]]:
@@ -102,6 +124,17 @@ def _score(inst: Instance, ws: Path) -> tuple[float, dict[str, Any]]:
         return (1.0 if ok else 0.0), {}
     if inst.family == "package":
         return (1.0 if (ws / name / "__init__.py").is_file() else 0.0), {}
+    if inst.family == "clean":
+        ok = not list(ws.glob("*.tmp")) and _text(ws, f"{name}.txt") == "keep\n"
+        return (1.0 if ok else 0.0), {}
+    if inst.family == "archive":
+        ok = _text(ws, f"archive/{name}.txt") == f"{word}\n" and not (ws / f"{name}.txt").exists()
+        return (1.0 if ok else 0.0), {}
+    if inst.family == "tally":
+        got = (_text(ws, "count.out") or "").strip()
+        return (1.0, {}) if got == str(3 + len(word)) else (0.0, {"got": got})
+    if inst.family == "empty":
+        return (1.0 if _text(ws, f"{name}.txt") == "" else 0.0), {}
     raise KeyError(inst.family)
 
 

@@ -229,6 +229,26 @@ class PolicyOptimizer:
         return extra
 
 
+    def adopt_second_moments(self, directory: Path) -> None:
+        """Start Adam from the second-moment estimates of an earlier phase's checkpoint
+        (its SFT), with zero momentum and that phase's bias correction.
+
+        A fresh Adam's first updates are about `lr * sign(grad)` for every parameter, whatever
+        the gradient's size: on RL's noisy gradients that is a random walk of full steps
+        (measured here: held-out reward falling, entropy rising). With the SFT's variance
+        estimates the step is proportional to the gradient, and momentum starts at zero so
+        nothing of the SFT direction carries over.
+        """
+        state = torch.load(Path(directory) / TRAINER_STATE, weights_only=False)["optimizer"]
+        for group in state["param_groups"]:
+            group.update({k: v for k, v in self.optimizer.param_groups[0].items()
+                          if k != "params"})
+        for entry in state["state"].values():
+            if "exp_avg" in entry:
+                entry["exp_avg"] = torch.zeros_like(entry["exp_avg"])
+        self.optimizer.load_state_dict(state)
+
+
 def _groups_with_signal(groups: list[str], rewards: list[float]) -> float:
     """Fraction of groups whose rewards differ: only those produce a GRPO gradient."""
     by_group: dict[str, set[float]] = {}
