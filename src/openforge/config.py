@@ -7,6 +7,7 @@ Precedence, lowest first: the embedded defaults below, the config file (`--confi
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -88,6 +89,21 @@ class TrainConfig(_Strict):
     steps: int = 10
     learning_rate: float = 1e-5
     options: dict[str, Any] = Field(default_factory=dict)
+
+
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
+
+
+def plugin_options(model: type[OptionsT], options: Mapping[str, Any], what: str,
+                   error: type[Exception] = OpenforgeError) -> OptionsT:
+    """A plugin's `options` validated as `model`; on a bad one, `error` with one line that
+    names it: "<what> option <field>: <problem>" (`what`: "mini harness", "executor", ...)."""
+    try:
+        return model.model_validate(options)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise error(f"{what} option {where}: {err['msg']}") from None
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

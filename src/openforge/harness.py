@@ -7,8 +7,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
+from openforge.config import OptionsT, plugin_options
 from openforge.errors import OpenforgeError
 from openforge.types import Task
 
@@ -110,18 +111,12 @@ class Harness(ABC):
 
 # --- helpers shared by harness plugins -----------------------------------------------------
 
-OptionsT = TypeVar("OptionsT", bound=BaseModel)
 HarnessT = TypeVar("HarnessT", bound=Harness)
 
 
 def validate_options(model: type[OptionsT], options: Mapping[str, Any], harness: str) -> OptionsT:
     """`options` validated as `model`; a one-line `OpenforgeError` naming the first bad one."""
-    try:
-        return model.model_validate(options)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise OpenforgeError(f"{harness} harness option {where}: {err['msg']}") from None
+    return plugin_options(model, options, f"{harness} harness")
 
 
 def merge_config(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from openforge.config import plugin_options
 from openforge.environment import Environment
 from openforge.errors import OpenforgeError
 from openforge.types import RewardResult, Task
@@ -75,10 +76,7 @@ class ClawEnvironment(Environment):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        try:
-            self.config = ClawOptions.model_validate(options)
-        except ValueError as exc:
-            raise OpenforgeError(f"claw environment options: {exc}".splitlines()[0]) from None
+        self.config = plugin_options(ClawOptions, options, "claw environment")
         self.services = Services()
 
     def claw_tasks(self) -> list[ClawTask]:

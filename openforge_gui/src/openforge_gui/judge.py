@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from openforge.config import plugin_options
 from openforge.environment import Environment
 from openforge.errors import OpenforgeError
 from openforge.reward import Reward
@@ -107,12 +108,7 @@ class WebJudgeReward(Reward):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        try:
-            self.config = WebJudgeOptions.model_validate(options)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
-            raise OpenforgeError(f"{self.label} reward option {where}: {err['msg']}") from None
+        self.config = plugin_options(WebJudgeOptions, options, f"{self.label} reward")
         model = self.config.model or self.default_model
         if not model:
             raise OpenforgeError(f"the {self.label} reward needs a judge model: --set "

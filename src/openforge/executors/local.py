@@ -25,8 +25,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
+from openforge.config import plugin_options
 from openforge.errors import OpenforgeError
 from openforge.executor import Executor
 from openforge.executors.process import MARKER_ENV, die_with_parent, kill_tree
@@ -83,12 +84,7 @@ class LocalExecutor(Executor):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        try:
-            self.config = LocalOptions.model_validate(options)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
-            raise LocalExecutorError(f"executor option {where}: {err['msg']}") from None
+        self.config = plugin_options(LocalOptions, options, "executor", LocalExecutorError)
         bwrap = bwrap_path()
         if self.config.sandbox == "bwrap" and not bwrap:
             raise LocalExecutorError(

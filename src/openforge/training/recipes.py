@@ -41,7 +41,7 @@ from openforge.types import SamplingParams, Task
 
 
 class DemoRecipe(BaseModel):
-    """The knobs of the `demo` recipe (defaults: 11-14 minutes on 2 shared CPU cores)."""
+    """The knobs of the `demo` recipe (defaults: about 12 minutes on 2 CPU cores)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -50,25 +50,30 @@ class DemoRecipe(BaseModel):
     fresh: bool = True  # start over (delete output_dir); false resumes finished phases
     train_per_family: int = Field(default=10, ge=1)
     test_per_family: int = Field(default=3, ge=1)
-    # The single-name families: the answer depends on one name copied from the task.
-    families: list[str] = Field(default_factory=lambda: ["count", "delete", "package"])
+    # Families one generic command solves (the prompt names the file; the command need not):
+    # a 4-layer model learns them from 40 demonstrations. The name-copying families
+    # (count, delete, package, ...) are harder: docs/training.md has the measurements.
+    families: list[str] = Field(
+        default_factory=lambda: ["clean", "archive", "tally", "empty"])
     pool_size: int = Field(default=5, ge=2, le=len(demo_tasks.NAMES))
     # mini harness: one tool call and a final answer is all any task needs.
     max_steps: int = Field(default=3, ge=2)
     max_tokens: int = Field(default=48, ge=8)
     concurrency: int = Field(default=3, ge=1)
-    sft_epochs: int = Field(default=30, ge=1)
+    # 16 epochs leave the SFT policy solving about 0.4 of held-out tasks at temperature 1
+    # (20 epochs: 0.8), so GRPO has room to improve it.
+    sft_epochs: int = Field(default=16, ge=1)
     sft_batch_size: int = Field(default=8, ge=1)
     sft_learning_rate: float = 5e-3
-    grpo_steps: int = Field(default=8, ge=0)
-    grpo_learning_rate: float = 5e-4
+    grpo_steps: int = Field(default=10, ge=0)
+    grpo_learning_rate: float = 2e-4
     tasks_per_step: int = Field(default=6, ge=1)
     # GRPO's Adam starts from the SFT's variance estimates (zero momentum): see
     # PolicyOptimizer.adopt_second_moments.
-    grpo_adam_from_sft: bool = True
+    grpo_adam_from_sft: bool = False
     k: int = Field(default=4, ge=2)  # attempts per task in a GRPO group
     temperature: float = 1.0
-    eval_k: int = Field(default=4, ge=1)  # attempts per held-out task at each evaluation
+    eval_k: int = Field(default=3, ge=1)  # attempts per held-out task at each evaluation
     seed: int = 0
     use_verl: bool | None = None
     # Intra-op threads for training and the in-process engine. One is fastest on a small,
