@@ -92,3 +92,17 @@ def test_report_shows_the_filmstrip(right: Any) -> None:
     assert f"data:image/png;base64,{base64.b64encode(shot.data).decode()}" in page
     assert "type(&quot;Jerald&quot;)" in page or 'type("Jerald")' in page  # the model output
     assert "type(text=&quot;Jerald&quot;)" in page  # the parsed action
+
+
+def test_a_text_only_model_is_refused_before_any_rollout(tmp_path: Path) -> None:
+    """gui-agent sends screenshots: with the text-only default model the run stops at once
+    with one line that says what to use, rather than failing every rollout with a 400."""
+    from openforge.errors import OpenforgeError
+
+    config = RunConfig(harness="gui-agent", environment="miniwob", reward="checker",
+                       engine=EngineConfig(name="scripted", model="tiny",
+                                           options={"script": str(SOLUTIONS / "miniwob.yaml")}),
+                       runs_dir=tmp_path, concurrency=2, timeout_s=120)
+    with pytest.raises(OpenforgeError, match="takes text only: use a vision-language model"):
+        run_from_config(config)
+    assert all(path.read_text() == "" for path in tmp_path.rglob("results.jsonl"))

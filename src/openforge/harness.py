@@ -71,6 +71,9 @@ class Harness(ABC):
     """Base class of harness plugins. Subclasses set `wire_api` and implement `command`."""
 
     wire_api: ClassVar[WireAPI] = "chat"
+    # True for harnesses that send images (screenshots): `openforge run` then refuses a
+    # text-only model up front instead of failing every rollout with a 400.
+    sends_images: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
         self.options = options

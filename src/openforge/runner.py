@@ -321,10 +321,11 @@ class Runner:
         pending = [(t, a) for t in tasks for a in range(cfg.k) if (t.id, a) not in done]
         # Build harness and reward once here so that bad options fail now, in one line,
         # rather than as an infra failure in every sandbox.
+        built: dict[str, Any] = {}
         for kind, name, options in (("harness", cfg.harness, cfg.harness_options),
                                     ("reward", cfg.reward, cfg.reward_options)):
             try:
-                build_plugin(kind, name, options)
+                built[kind] = build_plugin(kind, name, options)
             except OpenforgeError:
                 raise
             except Exception as exc:
@@ -345,6 +346,11 @@ class Runner:
         try:
             with self.console.status("starting the gateway and engine..."):
                 await gateway.start()
+            bundle = gateway.bundle
+            if built["harness"].sends_images and bundle is not None and not bundle.multimodal:
+                raise RunError(f"harness '{cfg.harness}' sends screenshots, but model "
+                               f"'{cfg.engine.model}' takes text only: use a vision-language "
+                               "model (--model tiny-vl for a test run)")
             self.console.print(f"gateway: {gateway.url}")
             total = len(tasks) * cfg.k
             with progress:

@@ -31,6 +31,7 @@ class GuiAgentHarness(AgentProgramHarness):
     """A computer-use loop: screenshot -> model (multimodal chat) -> action -> computer API."""
 
     label: ClassVar[str] = "gui-agent"
+    sends_images: ClassVar[bool] = True
     program: ClassVar[str] = "openforge_gui.agent"
     options_model: ClassVar[type[AgentProgramOptions]] = GuiAgentOptions
     task_file: ClassVar[str] = "gui_task.txt"
