@@ -382,7 +382,7 @@ def test_demo_family_teacher_passes_and_untouched_workspace_fails(tmp_path, fami
 
 def test_metrics_log_writes_tensorboard_scalars_readable_by_tensorboard(tmp_path):
     """With tensorboard installed, each step's numbers land as scalars TensorBoard reads back."""
-    pytest.importorskip("tensorboard")
+    pytest.importorskip("tensorboard", reason="in the test extra: pip install -e '.[test]'")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from openforge.training.metrics_log import MetricsLog, read_metrics

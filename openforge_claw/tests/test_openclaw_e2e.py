@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 @pytest.mark.parametrize(("script", "passes"), [("openclaw.yaml", True),
                                                 ("wrong_openclaw.yaml", False)])
 def test_openclaw_runs_claw_tasks(tmp_path: Path, script: str, passes: bool) -> None:
-    pytest.importorskip("openforge_openclaw")
+    pytest.importorskip("openforge_openclaw", reason="pip install ./plugins/openforge-openclaw (nox -s e2e does)")
     argv = [sys.executable, "-m", "openforge.cli", "run", "--harness", "openclaw", "--env",
             "claw", "--reward", "claw-grader", "--engine", "scripted", "--script",
             str(SOLUTIONS / script), "--runs-dir", str(tmp_path), "--timeout", "240",

@@ -71,7 +71,7 @@ def _graded(tmp_path: Path, script: Path | None, reward: JudgeReward):
 
 
 def test_judge_scores_through_litellm_and_logs_apart(tmp_path: Path, judge_url: str) -> None:
-    pytest.importorskip("litellm")
+    pytest.importorskip("litellm", reason="pip install 'openforge-claw[judge]' (nox -s claw does)")
     log = tmp_path / "judge.jsonl"
     reward = JudgeReward(model="openai/judge", api_base=judge_url, api_key_env="NO_SUCH_KEY",
                          log=str(log))
@@ -113,7 +113,6 @@ def test_claw_recipe_writes_verl_and_local_configs(tmp_path: Path) -> None:
 
 
 def test_claw_recipe_prepares_verl_without_launching(tmp_path: Path) -> None:
-    pytest.importorskip("pyarrow")
     out = tmp_path / "claw"
     run_recipe("claw", None, [f"output_dir={out}", "launch=false"],
                Console(file=open("/dev/null", "w")))

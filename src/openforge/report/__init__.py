@@ -45,6 +45,11 @@ def _load(run_dir: Path) -> tuple[dict[str, Any], list[Any]]:
 
 def build_report(run_dir: Path) -> dict[str, Any]:
     """The report as a JSON-ready dict."""
+    return _build(run_dir)[0]
+
+
+def _build(run_dir: Path) -> tuple[dict[str, Any], dict[str, list[Call]]]:
+    """The report and the recorded calls it was built from (read once, for the HTML too)."""
     config, records = _load(run_dir)
     k = int(config.get("k") or max([r.attempt + 1 for r in records], default=1))
     task_ids = list(dict.fromkeys(r.task_id for r in records))
@@ -71,8 +76,9 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         ],
         "trajectories": _trajectory_metrics(run_dir),
     }
-    report["behaviours"] = analyse(report, _load_calls(run_dir, report))
-    return report
+    calls = _load_calls(run_dir, [r.session_id for r in records])
+    report["behaviours"] = analyse(report, calls)
+    return report, calls
 
 
 def _trajectory_metrics(run_dir: Path) -> dict[str, Any] | None:
@@ -95,15 +101,14 @@ def _trajectory_metrics(run_dir: Path) -> dict[str, Any] | None:
 def write_report(run_dir: Path) -> list[Path]:
     """Write report.json and report.html into `run_dir`; return their paths."""
     run_dir = Path(run_dir)
-    data = build_report(run_dir)
+    data, calls = _build(run_dir)
     json_path, html_path = run_dir / REPORT_JSON, run_dir / REPORT_HTML
     json_path.write_text(json.dumps(data, indent=1, default=str))
-    calls = _load_calls(run_dir, data)
     html_path.write_text(render_html(data, calls, load_filmstrips(run_dir, data, calls)))
     return [json_path, html_path]
 
 
-def _load_calls(run_dir: Path, data: dict[str, Any]) -> dict[str, list[Call]]:
+def _load_calls(run_dir: Path, session_ids: list[str | None]) -> dict[str, list[Call]]:
     """session id -> its recorded calls, for the attempts in the report."""
     from openforge.runner import STORE_FILE
 
@@ -115,8 +120,7 @@ def _load_calls(run_dir: Path, data: dict[str, Any]) -> dict[str, list[Call]]:
     calls: dict[str, list[Call]] = {}
     store = Store(path)
     try:
-        for attempt in data["attempts"]:
-            sid = attempt["session_id"]
+        for sid in session_ids:
             if sid:
                 calls[sid] = store.list_calls(sid)
     finally:
