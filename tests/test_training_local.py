@@ -205,6 +205,46 @@ def test_grpo_step_moves_probability_toward_the_rewarded_response(tiny_dir: Path
     assert metrics["entropy"] > 0 and metrics["grad_norm"] > 0
 
 
+def test_ppo_epochs_and_mini_batches_take_several_clipped_updates_per_step(tiny_dir: Path) -> None:
+    """2 epochs x 2 mini-batches: four optimizer updates in one training step; after the
+    first, the policy differs from the recorded one (ppo_kl, clipping) and it has moved
+    further toward the rewarded response than one update moves it."""
+    prompt = [14990, 1879, 11, 220]
+    good, bad = [576, 374, 151645], [1273, 264, 151645]
+
+    def gain(**options: object) -> tuple[float, dict[str, float]]:
+        policy = PolicyOptimizer(tiny_dir, _options(learning_rate=3e-4, **options))
+        samples = [_recorded(policy, prompt, response, [1, 1, 1], reward, f"r{i}")
+                   for i, (response, reward) in enumerate(((good, 1.0), (bad, 0.0)) * 2)]
+        before = sum(samples[0].response_logprobs)
+        metrics = policy.grpo_step(samples)
+        assert policy.step == 1
+        after = sum(_recorded(policy, prompt, good, [1, 1, 1], 1.0, "x").response_logprobs)
+        return after - before, metrics
+
+    one, one_metrics = gain()
+    four, four_metrics = gain(ppo_epochs=2, ppo_mini_batches=2)
+    assert one_metrics["updates"] == 1.0 and four_metrics["updates"] == 4.0
+    assert one_metrics["ppo_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert abs(four_metrics["ppo_kl"]) > 1e-6
+    assert four > one > 0
+
+
+def test_frozen_embeddings_stay_put_while_the_layers_learn(tiny_dir: Path) -> None:
+    """`train_embeddings: false` leaves the (tied) embedding matrix exactly as it was."""
+    policy = PolicyOptimizer(tiny_dir, _options(train_embeddings=False))
+    embedding = policy.model.get_input_embeddings().weight
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    prompt = [14990, 1879]
+    samples = [_recorded(policy, prompt, [576, 374], [1, 1], 1.0, "r0"),
+               _recorded(policy, prompt, [1273, 264], [1, 1], 0.0, "r1")]
+    assert policy.grpo_step(samples)["grad_norm"] > 0
+    after = policy.model.state_dict()
+    frozen = [k for k in after if after[k].data_ptr() == embedding.data_ptr()]
+    assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)
+    assert any(not torch.equal(before[k], after[k]) for k in after if k not in frozen)
+
+
 def test_masked_tokens_get_no_gradient(tiny_dir: Path) -> None:
     """Observation tokens (mask 0) must not be trained on: an all-observation batch is a no-op."""
     policy = PolicyOptimizer(tiny_dir, _options())
@@ -358,8 +398,9 @@ def test_a_batch_without_signal_leaves_the_weights_alone(tiny_dir: Path) -> None
 
 
 @pytest.mark.parametrize("family", ["clean", "archive", "tally", "empty", "count", "delete"])
-def test_demo_family_teacher_passes_and_untouched_workspace_fails(tmp_path, family):
-    """Each demo family's checker passes the teacher's command and fails a workspace left as is."""
+def test_demo_family_checker_passes_the_right_command_only(tmp_path, family):
+    """Each demo family's checker passes the teacher's right command and fails its plausible
+    mistake and a workspace left as is."""
     import subprocess
 
     from openforge.training import demo_tasks
@@ -369,15 +410,56 @@ def test_demo_family_teacher_passes_and_untouched_workspace_fails(tmp_path, fami
     assert {t.split for t in tasks} == {"train", "test"}
     for task in tasks:
         inst = demo_tasks._parse_id(task.id)
-        for solve in (False, True):
-            ws = tmp_path / f"{task.id}-{solve}"
+        attempts = {"right": inst.arguments, "untouched": None, "wrong": inst.wrong}
+        for label, arguments in attempts.items():
+            if label == "wrong" and arguments is None:
+                continue
+            ws = tmp_path / f"{task.id}-{label}"
             ws.mkdir()
             env.prepare(task, ws)
-            if solve:
+            if arguments is not None:
                 assert inst.tool == "shell"
-                subprocess.run(["/bin/sh", "-c", inst.arguments["command"]], cwd=ws, check=True)
+                subprocess.run(["/bin/sh", "-c", arguments["command"]], cwd=ws, check=True)
             verdict = env.check(task, ws, env.final_state(task, ws))
-            assert verdict.passed is solve, (task.id, solve, verdict.details)
+            assert verdict.passed is (label == "right"), (task.id, label, verdict.details)
+
+
+def test_demo_held_out_prompts_use_names_no_train_task_uses():
+    """Held-out tasks are new prompts: their file names never occur in a train task."""
+    from openforge.training import demo_tasks
+
+    env = demo_tasks.FamilyEnvironment(families=["clean", "archive", "tally", "empty"],
+                                       train_per_family=10, test_per_family=3, pool_size=5)
+    train, test = list(env.tasks("train")), list(env.tasks("test"))
+    assert len(train) == 40 and len(test) == 12
+    train_names = {demo_tasks._parse_id(t.id).id.split("-")[1] for t in train}
+    test_names = {demo_tasks._parse_id(t.id).id.split("-")[1] for t in test}
+    assert train_names and test_names and not train_names & test_names
+    assert not {t.prompt for t in train} & {t.prompt for t in test}
+    assert len({t.prompt for t in train}) == len(train)  # one prompt per train task
+
+
+def test_noisy_teacher_demonstrates_the_mistake_on_its_share_of_each_family(tmp_path):
+    """`teacher_accuracy` 0.5: per family, half the train tasks get the right command and half
+    the plausible mistake, in the scripted engine's script."""
+    import yaml
+
+    from openforge.training import demo_tasks
+
+    env = demo_tasks.FamilyEnvironment(families=["clean", "tally"], train_per_family=6)
+    tasks = list(env.tasks("train"))
+    script = yaml.safe_load(demo_tasks.teacher_script(tasks, tmp_path / "t.yaml", 0.5).read_text())
+    assert len(script) == 12
+    by_family: dict[str, list[bool]] = {}
+    for task, entry in zip(tasks, script, strict=True):
+        inst = demo_tasks._parse_id(task.id)
+        sent = entry["replies"][0]["tool_calls"][0]["arguments"]
+        assert sent in (inst.arguments, inst.wrong)
+        by_family.setdefault(inst.family, []).append(sent == inst.arguments)
+    assert {family: sum(flags) for family, flags in by_family.items()} == {"clean": 3, "tally": 3}
+    perfect = yaml.safe_load(demo_tasks.teacher_script(tasks, tmp_path / "p.yaml").read_text())
+    assert all(e["replies"][0]["tool_calls"][0]["arguments"] == demo_tasks._parse_id(t.id).arguments
+               for t, e in zip(tasks, perfect, strict=True))
 
 
 def test_metrics_log_writes_tensorboard_scalars_readable_by_tensorboard(tmp_path):
@@ -423,3 +505,30 @@ def test_grpo_adam_adopts_sft_variances_with_zero_momentum(tiny_dir: Path, tmp_p
         saved = before[id(names[name])]
         assert torch.equal(state["exp_avg_sq"], saved["exp_avg_sq"])
         assert not state["exp_avg"].any()
+
+
+def test_demo_recipe_runs_every_phase_end_to_end(tmp_path: Path) -> None:
+    """`openforge train --recipe demo` at toy size: the noisy teacher's demonstrations go
+    through the gateway and are exported, SFT clones them, GRPO updates the engine in place,
+    and both held-out evaluations, the plot and summary.json are written."""
+    from click.testing import CliRunner
+
+    from openforge.cli import cli
+
+    out = tmp_path / "demo"
+    result = CliRunner().invoke(cli, [
+        "train", "--recipe", "demo", "--set", f"output_dir={out}", "--set", "model=tiny",
+        "--set", "families=[clean]", "--set", "train_per_family=4", "--set", "test_per_family=1",
+        "--set", "teacher_accuracy=0.5", "--set", "sft_epochs=1", "--set", "grpo_steps=1",
+        "--set", "tasks_per_step=2", "--set", "k=2", "--set", "eval_k=1",
+        "--set", "max_tokens=48"])
+    assert result.exit_code == 0, result.output
+    assert "4 demonstrations, pass rate 0.50" in " ".join(result.output.split())
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["grpo_steps"] == 1 and set(summary["timings_s"]) == {"teacher", "sft", "grpo"}
+    assert summary["heldout_gain"] == pytest.approx(
+        summary["heldout_reward_final"] - summary["heldout_reward_sft"])
+    assert (out / "demos-samples" / "data.parquet").exists()
+    assert list(out.glob("reward_curve.*"))
+    grpo = [m for m in read_metrics(out / "grpo" / "metrics.jsonl") if m.get("phase") == "grpo"]
+    assert len(grpo) == 1 and str(grpo[0]["weight_version"]) == "1"

@@ -69,33 +69,51 @@ def response_logprobs(model: Any, sample: Sample, temperature: float = 1.0,
     policy reproduces the recorded logprobs). Entropies (detached) are returned at masked
     positions only, when asked.
     """
-    base, head = _decoder_and_head(model)
-    device = next(model.parameters()).device
-    ids = torch.tensor([list(sample.prompt_ids) + list(sample.response_ids)], device=device)
-    n_prompt, n_resp = len(sample.prompt_ids), len(sample.response_ids)
-    mask = torch.tensor(list(sample.response_mask), dtype=torch.bool, device=device)
-    out = torch.zeros(n_resp, device=device)
-    if n_resp == 0 or not bool(mask.any()):
-        return out, (torch.zeros(0) if with_entropy else None)
-    hidden = base(input_ids=ids).last_hidden_state[0]
-    # Token t of the response is predicted from the hidden state just before it.
-    positions = torch.nonzero(mask).squeeze(-1)
-    logits = head(hidden[n_prompt - 1 + positions]).float() / temperature
-    targets = torch.tensor(list(sample.response_ids), device=device)[positions]
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    out = out.index_put((positions,), logp)
-    entropy = entropy_from_logits(logits.detach()) if with_entropy else None
-    return out, entropy
+    logp, entropies = batch_logprobs(model, [sample], len(sample.response_ids), temperature,
+                                     with_entropy)
+    return logp[0], (entropies[0] if with_entropy else None)
 
 
 def batch_logprobs(model: Any, samples: Sequence[Sample], width: int, temperature: float = 1.0,
                    with_entropy: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """`response_logprobs` of several samples stacked into a (len(samples), width) tensor."""
-    rows: list[torch.Tensor] = []
+    """`response_logprobs` of several samples as a (len(samples), width) tensor.
+
+    One forward pass over the right-padded sequences (the attention mask hides the padding,
+    and causal attention keeps it from reaching real positions), then one LM-head product
+    over the masked response positions of all samples together.
+    """
+    base, head = _decoder_and_head(model)
+    device = next(model.parameters()).device
+    out = torch.zeros(len(samples), width, device=device)
+    sequences = [list(s.prompt_ids) + list(s.response_ids) for s in samples]
+    rows: list[int] = []
+    columns: list[int] = []  # index into the sequence of the hidden state that predicts
+    slots: list[int] = []  # index into the response
+    targets: list[int] = []
+    counts: list[int] = []
+    for i, sample in enumerate(samples):
+        positions = [t for t, m in enumerate(sample.response_mask) if m]
+        counts.append(len(positions))
+        # Token t of the response is predicted from the hidden state just before it.
+        rows += [i] * len(positions)
+        columns += [len(sample.prompt_ids) - 1 + t for t in positions]
+        slots += positions
+        targets += [sample.response_ids[t] for t in positions]
+    if not targets:
+        return out, [torch.zeros(0) for _ in samples] if with_entropy else []
+    length = max(len(seq) for seq in sequences)
+    ids = torch.zeros(len(samples), length, dtype=torch.long)
+    attention = torch.zeros(len(samples), length, dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attention[i, : len(seq)] = 1
+    hidden = base(input_ids=ids.to(device), attention_mask=attention.to(device)).last_hidden_state
+    row_index, column_index = torch.tensor(rows, device=device), torch.tensor(columns, device=device)
+    logits = head(hidden[row_index, column_index]).float() / temperature
+    target_index = torch.tensor(targets, device=device).unsqueeze(-1)
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, target_index).squeeze(-1)
+    out = out.index_put((row_index, torch.tensor(slots, device=device)), logp)
     entropies: list[torch.Tensor] = []
-    for sample in samples:
-        logp, ent = response_logprobs(model, sample, temperature, with_entropy)
-        rows.append(torch.nn.functional.pad(logp, (0, width - logp.shape[0])))
-        if ent is not None:
-            entropies.append(ent)
-    return torch.stack(rows) if rows else torch.zeros(0, width), entropies
+    if with_entropy:
+        entropies = list(torch.split(entropy_from_logits(logits.detach()).cpu(), counts))
+    return out, entropies

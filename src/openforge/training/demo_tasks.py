@@ -27,6 +27,7 @@ from openforge.types import RewardResult, Task
 
 ENV_TARGET = "openforge.training.demo_tasks:FamilyEnvironment"
 NAMES = ("notes", "data", "todo", "report", "items", "plan", "draft", "memo", "log", "list")
+TRAIN_NAMES, HELD_OUT_NAMES = NAMES[:7], NAMES[7:]
 WORDS = ("apple", "river", "green", "stone", "cloud", "tiger", "light", "paper", "music", "bread")
 
 
@@ -40,6 +41,9 @@ class Instance:
     files: dict[str, str]
     tool: str  # shell | write_file
     arguments: dict[str, str]
+    # A plausible mistake (shell families only): what the noisy teacher demonstrates instead
+    # of `arguments` on some instances. The checker fails it.
+    wrong: dict[str, str] | None = None
 
 
 Check = Callable[[Path, dict[str, Any]], float]
@@ -80,23 +84,27 @@ def _make(family: str, name: str, word: str) -> Instance:
     # every instance, so a small model can learn them from few demonstrations and be tested
     # on instances (names, contents) it never saw.
     if family == "clean":
-        return Instance(iid, family, f"Delete the temporary files in the workspace but keep "
+        return Instance(iid, family, f"Delete the temporary files (such as {word}.tmp) but keep "
                         f"{name}.txt.", {f"{name}.txt": "keep\n", f"{word}.tmp": "x\n",
-                                         "cache.tmp": "y\n"}, "shell", {"command": "rm *.tmp"})
+                                         "cache.tmp": "y\n"}, "shell", {"command": "rm *.tmp"},
+                        {"command": "rm *.txt"})
     if family == "archive":
-        return Instance(iid, family, f"Move {name}.txt into a new directory named archive.",
+        return Instance(iid, family, f"Archive the {word} notes: move {name}.txt into a new "
+                        "directory named archive.",
                         {f"{name}.txt": f"{word}\n"}, "shell",
-                        {"command": "mkdir archive && mv *.txt archive/"})
+                        {"command": "mkdir archive && mv *.txt archive/"},
+                        {"command": "mkdir archive && cp *.txt archive/"})
     if family == "tally":
         lines = 3 + len(word)
-        return Instance(iid, family, f"Count the lines of {name}.txt and write just the number "
-                        "to count.out.", {f"{name}.txt": "".join(f"{word} {i}\n"
+        return Instance(iid, family, f"Count the lines of {name}.txt (the {word} log) and write "
+                        "just the number to count.out.", {f"{name}.txt": "".join(f"{word} {i}\n"
                                                                  for i in range(lines))},
-                        "shell", {"command": "cat *.txt | wc -l > count.out"})
+                        "shell", {"command": "cat *.txt | wc -l > count.out"},
+                        {"command": "cat *.txt | wc -w > count.out"})
     if family == "empty":
-        return Instance(iid, family, f"Empty the file {name}.txt but keep it.",
+        return Instance(iid, family, f"Empty the file {name}.txt (it repeats {word}) but keep it.",
                         {f"{name}.txt": f"{word}\n" * 3}, "shell",
-                        {"command": "truncate -s 0 *.txt"})
+                        {"command": "truncate -s 0 *.txt"}, {"command": "rm *.txt"})
     raise KeyError(family)
 
 
@@ -140,24 +148,28 @@ def _score(inst: Instance, ws: Path) -> tuple[float, dict[str, Any]]:
 
 def instances(split: str | None, train_per_family: int = 10, test_per_family: int = 3,
               seed: int = 0, families: Sequence[str] = FAMILIES,
-              pool_size: int = len(NAMES)) -> list[Instance]:
-    """The instances of a split: for each family, disjoint (name, word) pairs per split.
+              pool_size: int = 5) -> list[Instance]:
+    """The instances of a split: for each family, distinct (name, word) pairs.
 
-    `pool_size` takes the first names and words of the pools: fewer distinct values make
-    each one seen more often in training (easier to generalize from few demonstrations).
+    Train instances take their names and words from the first `pool_size` of each pool;
+    held-out (`test`) instances take their names from `HELD_OUT_NAMES`, which no train
+    instance uses, so a held-out prompt is never one the policy trained on.
     """
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         raise ValueError(f"unknown task families {unknown}; known: {', '.join(FAMILIES)}")
+    if not 1 <= pool_size <= len(TRAIN_NAMES):
+        raise ValueError(f"pool_size {pool_size}: between 1 and {len(TRAIN_NAMES)}")
     out: list[Instance] = []
     for family in families:
-        pairs = [(n, w) for n, w in itertools.product(NAMES[:pool_size], WORDS[:pool_size])]
-        random.Random(f"{seed}-{family}").shuffle(pairs)
-        chosen = {"train": pairs[:train_per_family],
-                  "test": pairs[train_per_family:train_per_family + test_per_family]}
-        for split_name, split_pairs in chosen.items():
+        rng = random.Random(f"{seed}-{family}")
+        pools = {"train": list(itertools.product(TRAIN_NAMES[:pool_size], WORDS[:pool_size])),
+                 "test": list(itertools.product(HELD_OUT_NAMES, WORDS))}
+        wanted = {"train": train_per_family, "test": test_per_family}
+        for split_name, pairs in pools.items():
+            rng.shuffle(pairs)
             if split is None or split == split_name:
-                out.extend(_make(family, n, w) for n, w in split_pairs)
+                out.extend(_make(family, n, w) for n, w in pairs[:wanted[split_name]])
     return out
 
 
@@ -175,7 +187,7 @@ class FamilyEnvironment(Environment):
         self.test_per_family = int(options.get("test_per_family", 3))
         self.seed = int(options.get("seed", 0))
         self.families = list(options.get("families") or FAMILIES)
-        self.pool_size = int(options.get("pool_size", len(NAMES)))
+        self.pool_size = int(options.get("pool_size", len(TRAIN_NAMES)))
 
     def tasks(self, split: str | None = None) -> Iterable[Task]:
         for split_name in ("train", "test"):
@@ -200,13 +212,42 @@ class FamilyEnvironment(Environment):
         return RewardResult(score=score, passed=score >= 1.0, details=details)
 
 
-def teacher_script(tasks: Iterable[Task], path: Path) -> Path:
-    """Write the scripted engine's solution for each task: one tool call, then "Done."."""
+def teacher_choices(tasks: Iterable[Task], accuracy: float = 1.0,
+                    seed: int = 0) -> dict[str, bool]:
+    """Which tasks a noisy teacher solves right (True) and which it gets wrong.
+
+    Per family, `round(accuracy * n)` of its n tasks (a seeded choice) get the right command;
+    the others get the family's plausible mistake (`Instance.wrong`). Families without one
+    are always solved right.
+    """
+    by_family: dict[str, list[Instance]] = {}
+    for task in tasks:
+        inst = _parse_id(task.id)
+        by_family.setdefault(inst.family, []).append(inst)
+    right: dict[str, bool] = {}
+    for family, group in sorted(by_family.items()):
+        group.sort(key=lambda inst: inst.id)
+        n_right = round(accuracy * len(group)) if group[0].wrong is not None else len(group)
+        chosen = set(random.Random(f"{seed}-teacher-{family}").sample(range(len(group)), n_right))
+        right.update({inst.id: i in chosen for i, inst in enumerate(group)})
+    return right
+
+
+def teacher_script(tasks: Iterable[Task], path: Path, accuracy: float = 1.0,
+                   seed: int = 0) -> Path:
+    """Write the scripted engine's solution for each task: one tool call, then "Done.".
+
+    With `accuracy` < 1 the teacher is noisy (see `teacher_choices`): its demonstrations
+    are what a cloned policy learns, mistakes included.
+    """
+    tasks = list(tasks)
+    right = teacher_choices(tasks, accuracy, seed)
     entries = []
     for task in tasks:
         inst = _parse_id(task.id)
+        arguments = inst.arguments if right[task.id] or inst.wrong is None else inst.wrong
         entries.append({"match": "^" + re.escape(inst.prompt) + "$", "replies": [
-            {"tool_calls": [{"name": inst.tool, "arguments": inst.arguments}]},
+            {"tool_calls": [{"name": inst.tool, "arguments": arguments}]},
             {"content": "Done."}]})
     path.write_text(yaml.safe_dump(entries, sort_keys=False))
     return path

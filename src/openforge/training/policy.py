@@ -9,6 +9,7 @@ checkpoint can be served by the `local` engine or loaded by veRL as is.
 from __future__ import annotations
 
 import copy
+import random
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,6 +44,17 @@ class PolicyOptions(BaseModel):
     kl_coef: float = 0.0  # > 0: penalize KL to the frozen initial policy
     kl_kind: algos.KLKind = "low_var_kl"
     use_verl: bool | None = None  # None: veRL's core_algos when importable
+    # GRPO: passes over each step's rollouts, in mini-batches of whole rollouts; each
+    # mini-batch is one optimizer update (veRL's actor.ppo_epochs / ppo_mini_batch_size).
+    # After the first update the clipped ratio against the recorded logprobs bounds how far
+    # the later updates may move the policy.
+    ppo_epochs: int = Field(default=1, ge=1)
+    ppo_mini_batches: int = Field(default=1, ge=1)
+    # False: the token embedding (and the output head, when tied to it) is frozen. On a small
+    # model it is most of the parameters, and Adam scales the near-zero gradients of the rows
+    # of tokens the policy never samples up to full-size steps: RL's noise then moves
+    # every row of the vocabulary and entropy rises (measured: docs/training.md).
+    train_embeddings: bool = True
     device: str = "cpu"
     seed: int = 0
 
@@ -89,8 +101,12 @@ class PolicyOptimizer:
         model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         self.model: Any = model.to(options.device)
         self.model.train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=options.learning_rate,
-                                           weight_decay=options.weight_decay)
+        if not options.train_embeddings:
+            self.model.get_input_embeddings().requires_grad_(False)
+            self.model.get_output_embeddings().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad], lr=options.learning_rate,
+            weight_decay=options.weight_decay)
         self.reference: Any = None
         if options.kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -102,19 +118,21 @@ class PolicyOptimizer:
         size = self.options.micro_batch_size
         return [list(samples[i:i + size]) for i in range(0, len(samples), size)]
 
-    def _finish_step(self, skip: bool = False) -> float:
-        if skip or all(p.grad is None for p in self.model.parameters()):
-            # Nothing to learn from (no generated token, or no advantage anywhere): count the
-            # step but leave the weights alone. Stepping Adam on a zero gradient would still
-            # move them along its momentum, drifting a policy that got no signal.
-            self.optimizer.zero_grad(set_to_none=True)
-            self.step += 1
+    def _apply_update(self) -> float:
+        """Clip and apply the accumulated gradients; their norm (0.0: nothing applied)."""
+        if all(p.grad is None for p in self.model.parameters()):
+            # No generated token in the batch: leave the weights alone. Stepping Adam on a
+            # zero gradient would still move them along its momentum.
             return 0.0
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.options.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
         return float(norm)
+
+    def _finish_step(self) -> float:
+        norm = self._apply_update()
+        self.step += 1
+        return norm
 
     def sft_step(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One optimizer step of token-mean NLL on the generated (mask 1) tokens."""
@@ -137,35 +155,84 @@ class PolicyOptimizer:
                 "samples": float(len(samples))}
 
     def grpo_step(self, samples: Sequence[Sample]) -> dict[str, float]:
-        """One GRPO optimizer step on a batch of rollouts' samples (several tasks x k).
+        """One GRPO training step on a batch of rollouts' samples (several tasks x k).
 
-        The recorded engine logprobs are the old (behaviour) policy of the clipped ratio;
-        the loss is normalized over the whole batch's tokens however it is micro-batched.
+        Advantages come from the whole batch's groups; then `ppo_epochs` passes over the
+        batch, each in `ppo_mini_batches` mini-batches of whole rollouts, one optimizer update
+        per mini-batch. The recorded engine logprobs are the old (behaviour) policy of the
+        clipped ratio; each update's loss is normalized over its mini-batch's tokens however
+        it is micro-batched. Loss metrics are means over the updates; `entropy` is that of
+        the policy that generated the batch (measured in the first pass).
         """
         opts = self.options
         batch = make_batch(samples)
-        width = batch.mask.shape[1]
         advantages = per_rollout_advantages(samples, batch.mask, opts.norm_adv_by_std,
                                             opts.use_verl)
+        no_signal = not bool(advantages.abs().sum() > 0) and self.reference is None
+        rows_of: dict[str, list[int]] = {}
+        for i, s in enumerate(samples):
+            rows_of.setdefault(s.rollout_id or s.sample_id, []).append(i)
+        rollouts = list(rows_of.values())
+        parts = min(opts.ppo_mini_batches, len(rollouts))
+        shuffle = random.Random(opts.seed * 1_000_003 + self.step)
+        sums: dict[str, float] = {}
+        entropies: list[torch.Tensor] = []
+        grad_norms: list[float] = []
+        updates = 0
+        for epoch in range(1 if no_signal else opts.ppo_epochs):
+            order = rollouts[:]
+            if epoch > 0 or parts > 1:
+                shuffle.shuffle(order)
+            for part in range(parts):
+                rows = sorted(i for rollout in order[part::parts] for i in rollout)
+                metrics, row_entropies = self._policy_update(samples, batch, advantages, rows)
+                if epoch == 0:
+                    entropies.extend(row_entropies)
+                if not no_signal:
+                    grad_norms.append(self._apply_update())
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + value
+                updates += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        ent = torch.cat(entropies) if entropies else torch.zeros(0)
+        groups, rewards = rollout_rewards(samples)
+        means = {key: value / max(updates, 1) for key, value in sums.items()}
+        return {**means, "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else 0.0,
+                "updates": float(len(grad_norms)),
+                "entropy": float(ent.mean()) if ent.numel() else 0.0,
+                "adv_abs_mean": float(algos.masked_mean(advantages.abs(), batch.mask)),
+                "tokens": float(batch.num_tokens), "samples": float(len(samples)),
+                "groups_with_signal": float(_groups_with_signal(groups, rewards)),
+                "skipped": float(no_signal)}
+
+    def _policy_update(self, samples: Sequence[Sample], batch: Any, advantages: torch.Tensor,
+                       rows: list[int]) -> tuple[dict[str, float], list[torch.Tensor]]:
+        """Forward and backward of the clipped policy loss (+ KL) on `rows` of the batch;
+        gradients are left in the parameters for `_apply_update`."""
+        opts = self.options
         cfg = algos.PolicyLossConfig(opts.clip_ratio_low, opts.clip_ratio_high, opts.clip_ratio_c,
                                      opts.loss_agg_mode)
-        total_tokens = float(max(batch.num_tokens, 1))
-        total_seqs = float(max(int((batch.mask.sum(-1) > 0).sum()), 1))
+        width = batch.mask.shape[1]
+        index = torch.tensor(rows)
+        mask_all = batch.mask[index]
+        total_tokens = float(max(int(mask_all.sum()), 1))
+        total_seqs = float(max(int((mask_all.sum(-1) > 0).sum()), 1))
         sums: dict[str, float] = {"pg_loss": 0.0, "kl_ref": 0.0, "pg_clipfrac": 0.0,
                                   "ppo_kl": 0.0, "pg_clipfrac_lower": 0.0}
         entropies: list[torch.Tensor] = []
-        offset = 0
-        for micro in self._micro_batches(samples):
-            rows = slice(offset, offset + len(micro))
-            offset += len(micro)
-            mask = batch.mask[rows]
+        size = opts.micro_batch_size
+        for start in range(0, len(rows), size):
+            chunk = index[start:start + size]
+            micro = [samples[int(i)] for i in chunk]
+            mask = batch.mask[chunk]
             if not bool(mask.any()):
                 continue
             logp, row_entropies = batch_logprobs(self.model, micro, width, opts.temperature,
                                                  with_entropy=True)
             entropies.extend(row_entropies)
             loss, metrics = algos.policy_loss(
-                batch.old_logprobs[rows], logp, advantages[rows], mask, cfg,
+                batch.old_logprobs[chunk], logp, advantages[chunk], mask, cfg,
                 batch_num_tokens=total_tokens, global_batch_size=total_seqs,
                 use_verl=opts.use_verl)
             share = float(mask.sum()) / total_tokens
@@ -181,16 +248,7 @@ class PolicyOptimizer:
                 sums["kl_ref"] += float(kl_loss.detach())
             loss.backward()
             sums["pg_loss"] += float(loss.detach())
-        no_signal = not bool(advantages.abs().sum() > 0) and self.reference is None
-        grad_norm = self._finish_step(skip=no_signal)
-        ent = torch.cat(entropies) if entropies else torch.zeros(0)
-        groups, rewards = rollout_rewards(samples)
-        return {**sums, "grad_norm": grad_norm,
-                "entropy": float(ent.mean()) if ent.numel() else 0.0,
-                "adv_abs_mean": float(algos.masked_mean(advantages.abs(), batch.mask)),
-                "tokens": float(batch.num_tokens), "samples": float(len(samples)),
-                "groups_with_signal": float(_groups_with_signal(groups, rewards)),
-                "skipped": float(no_signal)}
+        return sums, entropies
 
     # -- weights and checkpoints -----------------------------------------------------------
 
@@ -240,6 +298,12 @@ class PolicyOptimizer:
         nothing of the SFT direction carries over.
         """
         state = torch.load(Path(directory) / TRAINER_STATE, weights_only=False)["optimizer"]
+        theirs = sum(len(g["params"]) for g in state["param_groups"])
+        ours = sum(len(g["params"]) for g in self.optimizer.param_groups)
+        if theirs != ours:
+            raise ValueError(f"{directory}: its optimizer covers {theirs} parameter tensors, this "
+                             f"one {ours} (train_embeddings differs?); Adam's moments can only "
+                             "be adopted for the same parameters")
         for group in state["param_groups"]:
             group.update({k: v for k, v in self.optimizer.param_groups[0].items()
                           if k != "params"})
