@@ -42,7 +42,7 @@ from openforge.types import SamplingParams, Task
 
 
 class DemoRecipe(BaseModel):
-    """The knobs of the `demo` recipe (defaults: about 13 minutes on 2 CPU cores)."""
+    """The knobs of the `demo` recipe (defaults: about 12 minutes on 2 CPU cores)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -61,7 +61,7 @@ class DemoRecipe(BaseModel):
     # the train tasks and a plausible mistake on the rest. Cloning all its demonstrations
     # (`sft_passed_only: false`) gives a policy that solves about this fraction, mistakes
     # included; GRPO, which sees the rewards, is what removes them.
-    teacher_accuracy: float = Field(default=0.25, ge=0.0, le=1.0)
+    teacher_accuracy: float = Field(default=0.5, ge=0.0, le=1.0)
     sft_passed_only: bool = False
     # mini harness: one tool call and a final answer is all any task needs.
     max_steps: int = Field(default=3, ge=2)
@@ -73,16 +73,17 @@ class DemoRecipe(BaseModel):
     sft_epochs: int = Field(default=24, ge=1)
     sft_batch_size: int = Field(default=8, ge=1)
     sft_learning_rate: float = 5e-3
-    grpo_steps: int = Field(default=14, ge=0)
-    grpo_learning_rate: float = 2e-3
+    grpo_steps: int = Field(default=10, ge=0)
+    grpo_learning_rate: float = 1e-3
     tasks_per_step: int = Field(default=6, ge=1)
     # GRPO's Adam starts from the SFT's variance estimates (zero momentum): see
-    # PolicyOptimizer.adopt_second_moments. A fresh Adam's first steps move every weight by
-    # about the learning rate: stable only at 2e-4, too slow for the time budget.
-    grpo_adam_from_sft: bool = True
-    grpo_ppo_epochs: int = Field(default=1, ge=1)
-    grpo_mini_batches: int = Field(default=1, ge=1)
-    grpo_train_embeddings: bool = True
+    # PolicyOptimizer.adopt_second_moments.
+    grpo_adam_from_sft: bool = False
+    # The best measured full run (docs/training.md, r2): 2 epochs x 2 mini-batches of
+    # clipped updates per batch, the embedding (tied to the output head) frozen.
+    grpo_ppo_epochs: int = Field(default=2, ge=1)
+    grpo_mini_batches: int = Field(default=2, ge=1)
+    grpo_train_embeddings: bool = False
     k: int = Field(default=4, ge=2)  # attempts per task in a GRPO group
     temperature: float = 1.0
     eval_k: int = Field(default=3, ge=1)  # attempts per held-out task at each evaluation
