@@ -114,9 +114,10 @@ class PolicyOptimizer:
 
     # -- updates -------------------------------------------------------------------------
 
-    def _micro_batches(self, samples: Sequence[Sample]) -> list[list[Sample]]:
+    def _micro_batches(self, rows: Sequence[int]) -> list[torch.Tensor]:
+        """`rows` (indices into a batch) in chunks of `micro_batch_size`."""
         size = self.options.micro_batch_size
-        return [list(samples[i:i + size]) for i in range(0, len(samples), size)]
+        return [torch.tensor(list(rows[i:i + size])) for i in range(0, len(rows), size)]
 
     def _apply_update(self) -> float:
         """Clip and apply the accumulated gradients; their norm (0.0: nothing applied)."""
@@ -140,13 +141,11 @@ class PolicyOptimizer:
         total = max(batch.num_tokens, 1)
         loss_sum = 0.0
         width = batch.mask.shape[1]
-        offset = 0
-        for micro in self._micro_batches(samples):
-            mask = batch.mask[offset:offset + len(micro)]
-            offset += len(micro)
+        for chunk in self._micro_batches(range(len(samples))):
+            mask = batch.mask[chunk]
             if not bool(mask.any()):
                 continue
-            logp, _ = batch_logprobs(self.model, micro, width)
+            logp, _ = batch_logprobs(self.model, [samples[int(i)] for i in chunk], width)
             loss = -algos.masked_sum(logp, mask) / total
             loss.backward()
             loss_sum += float(loss.detach())
@@ -221,9 +220,7 @@ class PolicyOptimizer:
         sums: dict[str, float] = {"pg_loss": 0.0, "kl_ref": 0.0, "pg_clipfrac": 0.0,
                                   "ppo_kl": 0.0, "pg_clipfrac_lower": 0.0}
         entropies: list[torch.Tensor] = []
-        size = opts.micro_batch_size
-        for start in range(0, len(rows), size):
-            chunk = index[start:start + size]
+        for chunk in self._micro_batches(rows):
             micro = [samples[int(i)] for i in chunk]
             mask = batch.mask[chunk]
             if not bool(mask.any()):
