@@ -109,6 +109,12 @@ class CrashHarness(_Script):
     script = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
 
 
+class KillParentHarness(_Script):
+    """Writes ok.txt, then SIGKILLs the process that started it (the rollout's launcher)."""
+
+    script = "import os, signal; open('ok.txt', 'w').write('ok'); os.kill(os.getppid(), signal.SIGKILL)"
+
+
 class FailHarness(_Script):
     """Exits 1 on its own: an agent failure, scored."""
 

@@ -27,5 +27,15 @@ class Executor(ABC):
     async def run(self, spec: RolloutSpec) -> RolloutResult:
         """Run one attempt and return its result."""
 
+    async def adoptable(self, spec: RolloutSpec) -> bool:
+        """Whether `run(spec)` would take over a sandbox an earlier process started for this
+        very attempt (a resumed run then reuses the attempt's session instead of opening a
+        new one). Default: sandboxes die with the process that started them."""
+        return False
+
+    def progress(self) -> str:
+        """What rollouts wait for right now (a quota, an image pull), for the progress line."""
+        return ""
+
     async def close(self) -> None:
         """Release whatever the executor holds (called once at the end of a run)."""

@@ -1,6 +1,7 @@
 """The in-sandbox entry point: `python -m openforge.rollout SPEC_JSON_PATH`.
 
-Every executor runs this same program inside its sandbox. It builds the environment,
+The local executor runs this program inside its sandbox; a Kubernetes Pod runs the same
+`execute` split over its containers (`openforge.executors.k8s_sandbox`). It builds the environment,
 harness and reward named in the `RolloutSpec`, prepares the workspace, runs the harness
 against the session URL with the time that is left, captures the final state, scores it,
 and reports a `RolloutResult`: POSTed to `{gateway}/s/{token}/result` and also printed as
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ import httpx
 from openforge.environment import Environment
 from openforge.executors.process import die_with_parent, kill_tree
 from openforge.harness import (
+    Command,
     Harness,
     HarnessContext,
     HarnessMissingError,
@@ -47,7 +50,6 @@ from openforge.reward import Reward
 from openforge.types import Call, RolloutResult, RolloutSpec, RolloutStatus
 
 RESULT_PREFIX = "OPENFORGE_RESULT "
-SPEC_ENV = "OPENFORGE_SPEC"
 # Seconds kept back from the harness for final state, reward and reporting.
 _RESERVE_S = 10.0
 _STATUS: dict[str, RolloutStatus] = {"completed": "ok", "failed": "harness_error",
@@ -75,9 +77,8 @@ def _tail(path: Path, limit: int = 4000) -> str:
     return text[-limit:]
 
 
-def run_harness(harness: Harness, ctx: HarnessContext, root: Path, timeout_s: float) -> ProcessOutput:
-    """Run the harness's command in its own process group; kill the whole tree on the way out."""
-    cmd = harness.command(ctx)
+def run_command(cmd: Command, cwd: Path, root: Path, timeout_s: float) -> ProcessOutput:
+    """Run `cmd` in its own process group (output into `root`); kill the whole tree on the way out."""
     env = dict(os.environ)
     env.update(cmd.env)
     out_path, err_path = root / "harness.stdout", root / "harness.stderr"
@@ -85,7 +86,7 @@ def run_harness(harness: Harness, ctx: HarnessContext, root: Path, timeout_s: fl
     timed_out = False
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         proc = subprocess.Popen(
-            cmd.argv, cwd=str(cmd.cwd or ctx.workspace), env=env, stdout=out, stderr=err,
+            cmd.argv, cwd=str(cmd.cwd or cwd), env=env, stdout=out, stderr=err,
             stdin=subprocess.PIPE if cmd.stdin is not None else subprocess.DEVNULL,
             start_new_session=True, preexec_fn=die_with_parent())
         try:
@@ -102,13 +103,34 @@ def run_harness(harness: Harness, ctx: HarnessContext, root: Path, timeout_s: fl
             # Also after a clean exit: background processes the harness left must go.
             kill_tree(proc.pid, proc.pid, None, grace_s=1.0)
             proc.wait()
-    return ProcessOutput(returncode=proc.returncode, stdout=_tail(out_path, 200_000),
-                         stderr=_tail(err_path, 20_000), timed_out=timed_out,
-                         duration_s=time.monotonic() - started)
+    return read_output(root, proc.returncode, timed_out, time.monotonic() - started)
 
 
-def execute(spec: RolloutSpec, root: Path) -> RolloutResult:
-    """Run one attempt end to end and return its result (never raises for plugin failures)."""
+def read_output(root: Path, returncode: int | None, timed_out: bool,
+                duration_s: float) -> ProcessOutput:
+    """The harness's finished process as `run_command` left it in `root`."""
+    return ProcessOutput(returncode=returncode, stdout=_tail(root / "harness.stdout", 200_000),
+                         stderr=_tail(root / "harness.stderr", 20_000), timed_out=timed_out,
+                         duration_s=duration_s)
+
+
+def run_harness(harness: Harness, ctx: HarnessContext, root: Path, timeout_s: float) -> ProcessOutput:
+    """Run the harness's command here, in its own process group."""
+    return run_command(harness.command(ctx), ctx.workspace, root, timeout_s)
+
+
+# How the harness is started: here (`run_harness`), or handed to another sandbox (a
+# Kubernetes Pod's agent container) and waited for.
+Launch = Callable[[Harness, HarnessContext, Path, float], ProcessOutput]
+
+
+def execute(spec: RolloutSpec, root: Path, launch: Launch = run_harness,
+            workspace: Path | None = None, home: Path | None = None) -> RolloutResult:
+    """Run one attempt end to end and return its result (never raises for plugin failures).
+
+    `launch` runs the harness (default: here); the workspace and the harness's HOME are
+    `root/workspace` and `root/home` unless given.
+    """
     started = time.monotonic()
     deadline = started + spec.timeout_s
     base: dict[str, Any] = {"rollout_id": spec.rollout_id, "task_id": spec.task.id, "attempt": spec.attempt}
@@ -122,9 +144,11 @@ def execute(spec: RolloutSpec, root: Path) -> RolloutResult:
         environment = build_plugin("environment", spec.environment, spec.environment_options)
         harness: Harness = build_plugin("harness", spec.harness, spec.harness_options)
         reward: Reward = build_plugin("reward", spec.reward, spec.reward_options)
-        workspace = root / "workspace"
+        workspace = workspace or root / "workspace"
         workspace.mkdir(parents=True, exist_ok=True)
-        home = Path(os.environ["HOME"]) if os.environ.get("OPENFORGE_ROLLOUT_DIR") else root / "home"
+        if home is None:
+            home = Path(os.environ["HOME"]) if os.environ.get("OPENFORGE_ROLLOUT_DIR") \
+                else root / "home"
         home.mkdir(parents=True, exist_ok=True)
         ctx = HarnessContext(task=spec.task, workspace=workspace, home=home,
                              base_url=spec.session_url, api_key=spec.session_token,
@@ -137,7 +161,7 @@ def execute(spec: RolloutSpec, root: Path) -> RolloutResult:
         harness.prepare(ctx)
         stage = "running the harness"
         reserve = min(_RESERVE_S, spec.timeout_s * 0.2)
-        proc = run_harness(harness, ctx, root, deadline - time.monotonic() - reserve)
+        proc = launch(harness, ctx, root, deadline - time.monotonic() - reserve)
         stage = "parsing the harness output"
         output: HarnessOutput = harness.parse_output(ctx, proc)
         status = _STATUS[output.status]
@@ -204,18 +228,13 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    # A Kubernetes Pod cannot read the orchestrator's disk: its spec comes in $OPENFORGE_SPEC.
-    from_env = not args and bool(os.environ.get(SPEC_ENV))
-    if len(args) != 1 and not from_env:
-        print("usage: python -m openforge.rollout SPEC_JSON_PATH  (or the spec JSON in "
-              f"${SPEC_ENV})", file=sys.stderr)
+    if len(args) != 1:
+        print("usage: python -m openforge.rollout SPEC_JSON_PATH", file=sys.stderr)
         return 2
-    source = f"${SPEC_ENV}" if from_env else args[0]
     try:
-        text = os.environ[SPEC_ENV] if from_env else Path(args[0]).read_text()
-        spec = RolloutSpec.model_validate_json(text)
+        spec = RolloutSpec.model_validate_json(Path(args[0]).read_text())
     except (OSError, ValueError) as exc:
-        print(f"error: cannot read rollout spec {source}: {exc}", file=sys.stderr)
+        print(f"error: cannot read rollout spec {args[0]}: {exc}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _on_sigterm)
     rollout_dir = os.environ.get("OPENFORGE_ROLLOUT_DIR")
@@ -231,11 +250,6 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     sys.stdout.write("\n" + RESULT_PREFIX + json.dumps(result.model_dump(mode="json")) + "\n")
     sys.stdout.flush()
-    termination_log = os.environ.get("OPENFORGE_TERMINATION_LOG")
-    if termination_log:  # in a Kubernetes Pod: a compact copy in the Pod's status
-        from openforge.executors.k8s_result import write_termination_message
-
-        write_termination_message(termination_log, result)
     return 0
 
 

@@ -141,7 +141,8 @@ class RolloutResult(BaseModel):
     `status` says whether the attempt is usable: `ok` (the harness ran to its end, whatever
     the agent achieved) and `harness_error` (the agent program failed on its own) are scored;
     `infra_error` and `timeout` are infrastructure failures: retried by the runner, labelled,
-    and never scored as a 0 reward.
+    and never scored as a 0 reward. `permanent` marks an infrastructure failure that another
+    try cannot fix (an image that does not exist, a spec the cluster rejects): not retried.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -155,6 +156,7 @@ class RolloutResult(BaseModel):
     error: str | None = None
     duration_s: float = 0.0
     harness_output: dict[str, Any] = Field(default_factory=dict)
+    permanent: bool = False
 
     @property
     def is_infra_failure(self) -> bool:

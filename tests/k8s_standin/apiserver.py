@@ -1,11 +1,13 @@
-"""The stand-in Kubernetes API server: the v1 Pod and ConfigMap REST API over real HTTP.
+"""The stand-in Kubernetes API server: the core/v1 REST API the executor uses, over real HTTP.
 
 Served by aiohttp on 127.0.0.1: discovery (`/version`, `/api`, `/api/v1`, `/apis`), Pods
-(create / get / list / watch / delete / deletecollection / patch / status / log) and
-ConfigMaps (create / get / list / delete), label and field selectors, resourceVersion-based
-watch with 410 on versions older than the history, dryRun, bearer-token auth, `kind: Status`
-errors, the upstream graceful-deletion rules, and owner-reference garbage collection.
-Fault injection (`inject`) makes chosen calls fail with 409 / 429 / 5xx.
+(create / get / list / watch / delete / deletecollection / patch / status / log), ConfigMaps
+and Secrets (the same verbs but log), Nodes (cluster-scoped: get / list / watch / patch /
+delete), label and field selectors, resourceVersion-based watch with 410 on versions older
+than the history, dryRun, bearer-token auth, `kind: Status` errors, the upstream
+graceful-deletion rules, owner-reference garbage collection across kinds, a pod-count
+ResourceQuota (403 "exceeded quota") and fault injection (`inject`: chosen calls fail with
+any status and message: 409 / 429 / 5xx, admission webhook or policy refusals).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from .objects import Invalid, admit_configmap, admit_pod, now, status_object
+from .objects import Invalid, admit_configmap, admit_pod, admit_secret, now, status_object
 from .selectors import SelectorError, parse_field_selector, parse_label_selector
 from .store import Event, ObjectStore, TooOld
 
@@ -30,20 +32,23 @@ Obj = dict[str, Any]
 VERSION = {"major": "1", "minor": "37", "gitVersion": "v1.37.0-openforge-standin",
            "gitCommit": "0000000", "gitTreeState": "clean", "buildDate": "2026-11-30T00:00:00Z",
            "goVersion": "go1.25", "compiler": "gc", "platform": "linux/amd64"}
-_RESOURCES = {"pods": "Pod", "configmaps": "ConfigMap"}
+_RESOURCES = {"pods": "Pod", "configmaps": "ConfigMap", "secrets": "Secret", "nodes": "Node"}
+_ADMIT = {"pods": admit_pod, "configmaps": admit_configmap, "secrets": admit_secret}
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
 _FALSE = {"0", "f", "F", "FALSE", "false", "False"}
 
 
 @dataclass
 class Fault:
-    """Answer the next `count` calls of `verb` on `resource` with `status`."""
+    """Answer the next `count` calls of `verb` on `resource` with `status` (and `message`)."""
 
     verb: str
     resource: str
     status: int
     count: int = 1
     retry_after: int | None = None
+    message: str = ""
+    reason: str = ""
 
 
 def go_bool(value: str | None, name: str) -> bool:
@@ -67,7 +72,7 @@ def _error(code: int, reason: str, message: str, **kw: Any) -> web.Response:
                              headers=headers)
 
 
-_REASONS = {400: "BadRequest", 404: "NotFound", 409: "Conflict", 410: "Expired",
+_REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Expired",
             422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
             503: "ServiceUnavailable", 504: "Timeout"}
 
@@ -82,6 +87,11 @@ class ApiServer:
         self.calls: Counter[str] = Counter()
         self.faults: list[Fault] = []
         self.watch_connections = 0
+        # Open watches by "resource?labelSelector", and the most ever open at once.
+        self.open_watches: Counter[str] = Counter()
+        self.max_open_watches: Counter[str] = Counter()
+        self.pod_quota: int | None = None  # a ResourceQuota of `pods: N` per namespace
+        self.deletions: list[tuple[float, str, str, int | None]] = []  # (when, kind, name, grace)
         self.store.listeners.append(self._collect_garbage)
 
     # -- wiring --------------------------------------------------------------------------------
@@ -96,7 +106,7 @@ class ApiServer:
         r.add_get("/api/v1", self._api_resources)
         r.add_get("/apis", lambda req: web.json_response(
             {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}))
-        for res in _RESOURCES:
+        for res in ("pods", "configmaps", "secrets"):
             r.add_get(f"/api/v1/{res}", self._list_or_watch)
             r.add_get(f"/api/v1/namespaces/{{ns}}/{res}", self._list_or_watch)
             r.add_post(f"/api/v1/namespaces/{{ns}}/{res}", self._create)
@@ -104,6 +114,11 @@ class ApiServer:
             r.add_get(f"/api/v1/namespaces/{{ns}}/{res}/{{name}}", self._get)
             r.add_delete(f"/api/v1/namespaces/{{ns}}/{res}/{{name}}", self._delete)
             r.add_patch(f"/api/v1/namespaces/{{ns}}/{res}/{{name}}", self._patch)
+        r.add_get("/api/v1/nodes", self._list_or_watch)
+        r.add_get("/api/v1/nodes/{name}", self._get)
+        r.add_patch("/api/v1/nodes/{name}", self._patch)
+        r.add_patch("/api/v1/nodes/{name}/status", self._patch)
+        r.add_delete("/api/v1/nodes/{name}", self._delete)
         r.add_get("/api/v1/namespaces/{ns}/pods/{name}/status", self._get)
         r.add_patch("/api/v1/namespaces/{ns}/pods/{name}/status", self._patch)
         r.add_get("/api/v1/namespaces/{ns}/pods/{name}/log", self._log)
@@ -123,8 +138,8 @@ class ApiServer:
         for fault in self.faults:
             if fault.verb == verb and fault.resource == resource and fault.count > 0:
                 fault.count -= 1
-                return _error(fault.status, _REASONS.get(fault.status, "InternalError"),
-                              f"injected fault: {verb} {resource} -> {fault.status}",
+                return _error(fault.status, fault.reason or _REASONS.get(fault.status, "InternalError"),
+                              fault.message or f"injected fault: {verb} {resource} -> {fault.status}",
                               retry_after=fault.retry_after)
         return None
 
@@ -147,7 +162,10 @@ class ApiServer:
         crud = ["create", "delete", "deletecollection", "get", "list", "patch", "watch"]
         return web.json_response({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
             res("pods", "Pod", crud), res("pods/status", "Pod", ["get", "patch"]),
-            res("pods/log", "Pod", ["get"]), res("configmaps", "ConfigMap", crud)]})
+            res("pods/log", "Pod", ["get"]), res("configmaps", "ConfigMap", crud),
+            res("secrets", "Secret", crud),
+            res("nodes", "Node", ["delete", "get", "list", "patch", "watch"], ns=False),
+            res("nodes/status", "Node", ["get", "patch"], ns=False)]})
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -155,7 +173,7 @@ class ApiServer:
         res = self._resource(request)
         if (fault := self._fault("get", res)) is not None:
             return fault
-        ns, name = request.match_info["ns"], request.match_info["name"]
+        ns, name = request.match_info.get("ns", ""), request.match_info["name"]
         obj = self.store.get(_RESOURCES[res], ns, name)
         if obj is None:
             return _error(404, "NotFound", f'{res} "{name}" not found', name=name, kind=res)
@@ -179,14 +197,15 @@ class ApiServer:
             return labels(obj["metadata"].get("labels") or {}) and fields(obj)
 
         if watch:
-            return await self._watch(request, kind, ns, matches)
+            return await self._watch(request, kind, ns, matches,
+                                     f"{res}?{q.get('labelSelector') or ''}")
         items = [o for o in self.store.list(kind, ns) if matches(o)]
         return web.json_response({"kind": f"{kind}List", "apiVersion": "v1",
                                   "metadata": {"resourceVersion": str(self.store.rv)},
                                   "items": items})
 
     async def _watch(self, request: web.Request, kind: str, ns: str | None,
-                     matches: Any) -> web.StreamResponse:
+                     matches: Any, key: str) -> web.StreamResponse:
         timeout = float(request.query.get("timeoutSeconds") or 1800)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
@@ -201,6 +220,8 @@ class ApiServer:
             await response.write_eof()
             return response
         self.watch_connections += 1
+        self.open_watches[key] += 1
+        self.max_open_watches[key] = max(self.max_open_watches[key], self.open_watches[key])
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         try:
@@ -220,6 +241,7 @@ class ApiServer:
             pass
         finally:
             self.watch_connections -= 1
+            self.open_watches[key] -= 1
             self.store.unwatch(watcher)
         return response
 
@@ -245,13 +267,20 @@ class ApiServer:
         except ValueError:
             return _error(400, "BadRequest", "the request body is not valid JSON")
         try:
-            obj = admit_pod(body, ns) if res == "pods" else admit_configmap(body, ns)
+            obj = _ADMIT[res](body, ns)
         except Invalid as exc:
             return _error(422, "Invalid", str(exc), causes=exc.causes, kind=res,
                           name=body.get("metadata", {}).get("name", ""))
         name = obj["metadata"]["name"]
         if self.store.get(_RESOURCES[res], ns, name) is not None:
             return _error(409, "AlreadyExists", f'{res} "{name}" already exists', name=name, kind=res)
+        if res == "pods" and self.pod_quota is not None:
+            used = sum(p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+                       for p in self.store.list("Pod", ns))
+            if used >= self.pod_quota:
+                return _error(403, "Forbidden", f'pods "{name}" is forbidden: exceeded quota: '
+                              f"standin-quota, requested: pods=1, used: pods={used}, "
+                              f"limited: pods={self.pod_quota}", name=name, kind=res)
         if request.query.get("dryRun") == "All":
             return web.json_response(obj, status=201)
         self.store.put(_RESOURCES[res], obj)
@@ -261,7 +290,7 @@ class ApiServer:
         res = self._resource(request)
         if (fault := self._fault("patch", res)) is not None:
             return fault
-        ns, name = request.match_info["ns"], request.match_info["name"]
+        ns, name = request.match_info.get("ns", ""), request.match_info["name"]
         obj = self.store.get(_RESOURCES[res], ns, name)
         if obj is None:
             return _error(404, "NotFound", f'{res} "{name}" not found', name=name, kind=res)
@@ -291,7 +320,7 @@ class ApiServer:
         res = self._resource(request)
         if (fault := self._fault("delete", res)) is not None:
             return fault
-        ns, name = request.match_info["ns"], request.match_info["name"]
+        ns, name = request.match_info.get("ns", ""), request.match_info["name"]
         grace, policy = self._delete_options(request, await self._body(request))
         obj = self.delete(_RESOURCES[res], ns, name, grace, policy)
         if obj is None:
@@ -327,11 +356,19 @@ class ApiServer:
         obj = self.store.get(kind, ns, name)
         if obj is None:
             return None
-        if kind != "Pod":
-            gone = self.store.remove(kind, ns, name)
-            if gone is not None and policy == "Orphan":
-                gone["metadata"]["_orphan"] = True
-            return gone
+        self.deletions.append((asyncio.get_running_loop().time(), kind, name, grace))
+        if kind != "Pod" or policy == "Orphan":
+            uid = obj["metadata"]["uid"]
+            if policy == "Orphan":  # dependents lose this owner instead of being collected
+                for dep in list(self.store.dependents.get(uid, ())):
+                    dependent = self.store.get(*dep)
+                    if dependent is not None:
+                        dependent["metadata"]["ownerReferences"] = [
+                            r for r in dependent["metadata"]["ownerReferences"]
+                            if r.get("uid") != uid] or None
+                        self.store.put(dep[0], dependent)
+            if kind != "Pod":
+                return self.store.remove(kind, ns, name)
         spec, status = obj["spec"], obj.get("status", {})
         if grace is None:
             grace = int(spec.get("terminationGracePeriodSeconds", 30))
@@ -346,19 +383,37 @@ class ApiServer:
         return obj
 
     def _collect_garbage(self, event: Event) -> None:
-        """The garbage collector: dependents of a deleted owner are deleted in the background."""
-        if event.type != "DELETED" or event.kind == "Pod" or event.obj["metadata"].get("_orphan"):
-            return
+        """The garbage collector: once every owner of an object is gone, it is deleted (in the
+        background; Pods with their own grace period), whatever its kind. An object created
+        with owners that no longer exist goes the same way."""
+        ns = event.obj["metadata"].get("namespace", "")
         uid = event.obj["metadata"]["uid"]
-        ns = event.obj["metadata"]["namespace"]
+        if event.type == "ADDED" and event.obj["metadata"].get("ownerReferences"):
+            key = (event.kind, ns, event.obj["metadata"]["name"])
+
+            def orphan() -> None:
+                obj = self.store.get(*key)
+                refs = (obj or {}).get("metadata", {}).get("ownerReferences") or []
+                if obj is not None and refs and not any(self._exists(ns, r) for r in refs):
+                    self.delete(key[0], ns, key[2], None)
+
+            asyncio.get_running_loop().call_soon(orphan)
+            return
+        if event.type != "DELETED":
+            return
 
         def sweep() -> None:
-            for pod in self.store.list("Pod", ns):
-                refs = pod["metadata"].get("ownerReferences") or []
-                if any(ref.get("uid") == uid for ref in refs):
-                    self.delete("Pod", ns, pod["metadata"]["name"], None)
+            for kind, dep_ns, name in list(self.store.dependents.get(uid, ())):
+                obj = self.store.get(kind, dep_ns, name)
+                refs = (obj or {}).get("metadata", {}).get("ownerReferences") or []
+                if obj is not None and not any(self._exists(ns, ref) for ref in refs):
+                    self.delete(kind, dep_ns, name, None)
 
         asyncio.get_running_loop().call_soon(sweep)
+
+    def _exists(self, ns: str, ref: Obj) -> bool:
+        owner = self.store.get(ref.get("kind", ""), ns, ref.get("name", ""))
+        return owner is not None and owner["metadata"]["uid"] == ref.get("uid")
 
 
 def _merge(target: Any, patch: Any) -> Any:

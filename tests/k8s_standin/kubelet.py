@@ -1,82 +1,113 @@
-"""The stand-in scheduler + kubelet: runs each Pod's container command as a local process.
+"""The stand-in scheduler + kubelet: runs each Pod's containers the way a kubelet orders them.
 
-Scheduling: one node with labels and allocatable cpu / memory; a Pod whose nodeSelector or
-requests do not fit stays Pending with `PodScheduled=False, reason Unschedulable`.
-Image pull: the image is otherwise ignored, except that one containing `does-not-exist`
-fails with ErrImagePull then ImagePullBackOff, and one with upper-case letters in its
-repository is an InvalidImageName.
-Running: the container's `command + args` with its env (`value` and `fieldRef`), stdout and
-stderr into the Pod log, a per-Pod directory as cwd/TMPDIR/HOME, and the termination message
-file at a per-Pod path (env values naming `terminationMessagePath` are pointed at it, since a
-local process cannot write /dev/termination-log). Exit -> Succeeded / Failed with exitCode,
-reason and message (FallbackToLogsOnError honoured); `activeDeadlineSeconds` -> SIGTERM, grace,
-SIGKILL, `Failed / DeadlineExceeded`; graceful deletion -> the same, then the object goes;
-a force-deleted Pod's processes are killed at once. A marker variable in every container
-process's environment plays the cgroup: whatever carries it dies with the Pod.
+Scheduling: onto the first Ready node whose labels match the nodeSelector and whose
+allocatable cpu / memory fit; otherwise Pending with `PodScheduled=False, Unschedulable`.
+Volumes: emptyDir, secret and configMap; a Pod waits in ContainerCreating until the Secrets
+it mounts exist (as a kubelet retries the mount).
+Images: `command` / `args` override the image's ENTRYPOINT / CMD (`Image`); an image
+containing `does-not-exist` fails to pull for good (ErrImagePull, then ImagePullBackOff);
+`pull_faults` make the next pulls of an image fail with a transient registry error first;
+an image with upper-case letters in its repository is an InvalidImageName.
+Order: init containers one by one; a native sidecar (`restartPolicy: Always`) is started,
+its exec startup probe run every `periodSeconds`, and the next container starts once it
+passes (the sidecar keeps running and is restarted if it exits); a regular init container
+must exit 0 or the Pod fails (`restartPolicy: Never`); then the main containers; when they
+have ended, the sidecars get SIGTERM. Every container has its own log and its own
+termination-message file (env values naming its `terminationMessagePath`, and paths under
+a volume's mountPath, are mapped to where they live here).
+Ending: exit codes, `Completed` / `Error` / `OOMKilled`; `activeDeadlineSeconds` -> SIGTERM,
+grace, SIGKILL, `Failed / DeadlineExceeded`; graceful deletion -> the same, then the object
+goes; force deletion -> killed at once.
+What a real cluster also does, on request (`StandIn` knobs): partition a node (its kubelet
+stops reporting and acting; processes keep running), lose it (Ready=Unknown), remove it
+(the pod garbage collector deletes its Pods), evict a Pod (node pressure), OOM-kill a
+container, preempt a Pod, set a Pod's phase to Unknown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import copy
 import os
 import re
+import secrets
 import shutil
-import signal
-import sys
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from openforge.executors.process import die_with_parent, kill_tree
-
 from .apiserver import ApiServer, _error
-from .objects import MAX_TERMINATION_MESSAGE, now, quantity
+from .objects import MAX_TERMINATION_MESSAGE, node_object, now, quantity
+from .runtime import (
+    MARKER_ENV,
+    MARKER_PREFIX,
+    Behaviour,
+    Handle,
+    Launch,
+    ProcessRuntime,
+    SimContainer,
+    SimHandle,
+)
 from .store import Event
 
 Obj = dict[str, Any]
-MARKER_ENV = "OPENFORGE_SANDBOX_ID"
-MARKER_PREFIX = "k8s-standin-"
 NODE_NAME = "standin-node"
 _TERMINAL = ("Succeeded", "Failed")
+_DEADLINE_MESSAGE = "Pod was active on the node longer than the specified deadline"
 
 
 @dataclass
 class Node:
-    """The one node pods are scheduled on."""
+    """A node of the stand-in cluster."""
 
     name: str = NODE_NAME
-    labels: dict[str, str] = field(default_factory=lambda: {
-        "kubernetes.io/hostname": NODE_NAME, "kubernetes.io/os": "linux",
-        "kubernetes.io/arch": "amd64"})
+    labels: dict[str, str] = field(default_factory=dict)
     cpu: float = 64.0
     memory: float = 256 * 2**30
     runtime_classes: tuple[str, ...] = ("gvisor", "kata")
 
+    def __post_init__(self) -> None:
+        self.labels = {"kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux",
+                       "kubernetes.io/arch": "amd64", **self.labels}
+
 
 @dataclass
-class Container:
-    """A running (or finished) container process of one Pod."""
+class Image:
+    """What an image contributes when a container does not say: ENTRYPOINT, CMD, env."""
 
-    uid: str
-    namespace: str
-    name: str
+    entrypoint: list[str] = field(default_factory=list)
+    cmd: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Box:
+    """One container of one Pod run, with its status as the kubelet reports it."""
+
+    spec: Obj
+    init: bool
     directory: Path
-    proc: asyncio.subprocess.Process | None = None
-    started_at: str = ""
-    killing: asyncio.Task[None] | None = None
-    exited: asyncio.Event = field(default_factory=asyncio.Event)
-    deadline: asyncio.TimerHandle | None = None
-    waiting_reason: str = "ContainerCreating"
-    deadline_exceeded: bool = False
-    removed: bool = False
+    handle: Handle | None = None
+    state: Obj = field(default_factory=lambda: {"waiting": {"reason": "PodInitializing"}})
+    last_state: Obj = field(default_factory=dict)
+    restarts: int = 0
+    started: bool = False  # startup probe passed (or none)
+    container_id: str = ""
+    oom: bool = False
 
     @property
-    def marker(self) -> str:
-        return MARKER_PREFIX + self.uid
+    def name(self) -> str:
+        return str(self.spec["name"])
+
+    @property
+    def sidecar(self) -> bool:
+        return self.init and self.spec.get("restartPolicy") == "Always"
 
     @property
     def log_path(self) -> Path:
@@ -86,18 +117,68 @@ class Container:
     def message_path(self) -> Path:
         return self.directory / "termination-log"
 
+    def status(self) -> Obj:
+        image = self.spec["image"]
+        running = "running" in self.state
+        return {"name": self.name, "image": image,
+                "imageID": f"{image}@sha256:{'0' * 64}" if self.container_id else "",
+                "containerID": self.container_id, "restartCount": self.restarts,
+                "started": running and self.started,
+                "ready": running and self.started, "state": self.state,
+                "lastState": self.last_state}
+
+
+@dataclass
+class PodRun:
+    """What the kubelet holds for one Pod it runs."""
+
+    uid: str
+    namespace: str
+    name: str
+    directory: Path
+    boxes: dict[str, Box] = field(default_factory=dict)
+    node: str = ""
+    phase: str = "Pending"
+    reason: str = ""
+    message: str = ""
+    start_time: str = ""
+    scheduled: Obj | None = None  # the PodScheduled condition
+    extra_conditions: list[Obj] = field(default_factory=list)
+    volumes: dict[str, Path] = field(default_factory=dict)
+    sim_volumes: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    lifecycle: asyncio.Task[None] | None = None
+    ending: asyncio.Task[None] | None = None
+    deadline: asyncio.TimerHandle | None = None
+    removed: bool = False  # the object is gone from the API
+    winding_down: bool = False  # the sidecars are being stopped: do not restart them
+    frozen: bool = False  # nothing more is reported (phase Unknown)
+    pending_end: str = ""  # what a partitioned kubelet will do once it is back
+
+    @property
+    def marker(self) -> str:
+        return MARKER_PREFIX + self.uid
+
 
 class Kubelet:
-    """Schedules and runs Pods from the API server's store."""
+    """Schedules and runs Pods from the API server's store, on one or more nodes."""
 
-    def __init__(self, api: ApiServer, root: Path, node: Node | None = None,
-                 image_env: dict[str, str] | None = None) -> None:
+    def __init__(self, api: ApiServer, root: Path, nodes: list[Node] | None = None,
+                 image_env: dict[str, str] | None = None, images: dict[str, Image] | None = None,
+                 isolate: bool | None = None, simulate: Behaviour | None = None) -> None:
         self.api = api
         self.store = api.store
         self.root = root
-        self.node = node or Node()
+        self.nodes = {n.name: n for n in (nodes or [Node()])}
         self.image_env = image_env or {}
-        self.containers: dict[str, Container] = {}
+        self.images = images or {}
+        self.simulate = simulate
+        self.runtime = None if simulate else ProcessRuntime(isolate, self.image_env)
+        self.pull_faults: dict[str, list[str]] = {}
+        self.pull_backoff_s = 0.3
+        self.pulled: set[tuple[str, str]] = set()  # (node, image) already on the node
+        self.partitioned: set[str] = set()
+        self.clock_offset_s = 0.0
+        self.runs: dict[str, PodRun] = {}
         self.live_pods = 0
         self.max_live_pods = 0
         self.started = 0
@@ -105,12 +186,24 @@ class Kubelet:
         api.kubelet = self
         self.store.listeners.append(self._on_event)
 
+    @property
+    def isolated(self) -> bool:
+        return self.runtime is not None and self.runtime.isolated
+
+    def register_nodes(self) -> None:
+        for node in self.nodes.values():
+            self.store.put("Node", node_object(node.name, node.labels, node.cpu, node.memory))
+
+    def now(self) -> str:
+        return now(self.clock_offset_s)
+
     # -- events --------------------------------------------------------------------------------
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task
 
     def _on_event(self, event: Event) -> None:
         if event.kind != "Pod":
@@ -120,130 +213,336 @@ class Kubelet:
         if event.type == "ADDED":
             self.live_pods += 1
             self.max_live_pods = max(self.max_live_pods, self.live_pods)
-            self._spawn(self._admit(uid, meta["namespace"], meta["name"]))
-        elif event.type == "DELETED":
+            run = PodRun(uid, meta["namespace"], meta["name"],
+                         self.root / "pods" / uid)
+            self.runs[uid] = run
+            run.lifecycle = self._spawn(self._lifecycle(run))
+            return
+        run = self.runs.get(uid)
+        if run is None:
+            return
+        if event.type == "DELETED":
             self.live_pods -= 1
-            container = self.containers.get(uid)
-            if container is not None:
-                container.removed = True
-                self._spawn(self._stop(container, grace=0.5, then_remove=False))
+            run.removed = True
+            if run.node in self.partitioned:
+                run.pending_end = "gone"  # a cut-off kubelet never hears of it
+            else:
+                self._end(run, grace=0.0, remove=False, release=True)
         elif meta.get("deletionTimestamp") and not (event.old or {}).get(
                 "metadata", {}).get("deletionTimestamp"):
-            container = self.containers.get(uid)
-            grace = float(meta.get("deletionGracePeriodSeconds") or 0)
-            if container is not None:
-                self._spawn(self._stop(container, grace=grace, then_remove=True))
+            if run.node in self.partitioned:
+                run.pending_end = "delete"
+            else:
+                self._end(run, grace=float(meta.get("deletionGracePeriodSeconds") or 0),
+                          remove=True)
 
-    def _current(self, container: Container) -> Obj | None:
-        pod = self.store.get("Pod", container.namespace, container.name)
-        if pod is None or pod["metadata"]["uid"] != container.uid:
+    # -- reporting -----------------------------------------------------------------------------
+
+    def _current(self, run: PodRun) -> Obj | None:
+        pod = self.store.get("Pod", run.namespace, run.name)
+        if pod is None or pod["metadata"]["uid"] != run.uid:
             return None
         return pod
 
-    def _update(self, container: Container, status: Obj, spec: Obj | None = None) -> None:
-        pod = self._current(container)
+    def _publish(self, run: PodRun, spec: Obj | None = None) -> None:
+        """Write the Pod's status as this kubelet sees it (unless it is cut off)."""
+        if run.removed or run.frozen or run.node in self.partitioned:
+            return
+        pod = self._current(run)
         if pod is None:
             return
-        pod["status"].update(status)
+        stamp = self.now()
+        inits = [b for b in run.boxes.values() if b.init]
+        mains = [b for b in run.boxes.values() if not b.init]
+        initialized = bool(run.boxes) and all(
+            b.started if b.sidecar else b.state.get("terminated", {}).get("exitCode") == 0
+            for b in inits)
+        ready = bool(mains) and all("running" in b.state for b in mains)
+        conditions = [run.scheduled] if run.scheduled else []
+        if run.node:
+            conditions += [
+                {"type": "Initialized", "status": "True" if initialized else "False",
+                 "lastTransitionTime": stamp},
+                {"type": "ContainersReady", "status": "True" if ready else "False",
+                 "lastTransitionTime": stamp},
+                {"type": "Ready", "status": "True" if ready else "False",
+                 "lastTransitionTime": stamp}]
+        status: Obj = {"phase": run.phase, "conditions": conditions + run.extra_conditions,
+                       "qosClass": "Burstable"}
+        if run.node:
+            status.update(hostIP="127.0.0.1", podIP="127.0.0.1", podIPs=[{"ip": "127.0.0.1"}],
+                          startTime=run.start_time)
+        if inits:
+            status["initContainerStatuses"] = [b.status() for b in inits]
+        if mains:
+            status["containerStatuses"] = [b.status() for b in mains]
+        if run.reason:
+            status.update(reason=run.reason, message=run.message)
+        pod["status"] = status
         if spec:
             pod["spec"].update(spec)
         self.store.put("Pod", pod)
 
-    # -- scheduling and start ------------------------------------------------------------------
+    # -- the life of a Pod ---------------------------------------------------------------------
 
-    def _unfit(self, pod: Obj) -> str | None:
+    async def _lifecycle(self, run: PodRun) -> None:
+        pod = self._current(run)
+        if pod is None:
+            return
         spec = pod["spec"]
-        for key, value in (spec.get("nodeSelector") or {}).items():
-            if self.node.labels.get(key) != value:
-                return "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."
-        rc = spec.get("runtimeClassName")
-        if rc and rc not in self.node.runtime_classes:
-            return f'0/1 nodes are available: runtimeclass "{rc}" not found.'
-        cpu = memory = 0.0
+        node = await self._schedule(run, pod)
+        if node is None:
+            return
+        run.node = node.name
+        run.start_time = self.now()
+        run.scheduled = {"type": "PodScheduled", "status": "True",
+                         "lastTransitionTime": run.start_time}
+        for c in spec.get("initContainers") or []:
+            run.boxes[c["name"]] = Box(c, True, run.directory / f"c-{secrets.token_hex(6)}")
         for c in spec["containers"]:
+            run.boxes[c["name"]] = Box(c, False, run.directory / f"c-{secrets.token_hex(6)}")
+        self._publish(run, spec={"nodeName": node.name})
+        if spec.get("activeDeadlineSeconds"):
+            run.deadline = asyncio.get_running_loop().call_later(
+                spec["activeDeadlineSeconds"], self._deadline, run)
+        while not self._mount(run, spec):  # a kubelet retries the mount until the Secret exists
+            await asyncio.sleep(0.1)
+        for box in run.boxes.values():
+            if box.init:
+                if not await self._run_init(run, box):
+                    return
+        for box in run.boxes.values():
+            if not box.init:
+                if not await self._pull(run, box):
+                    return
+                await self._start(run, box)
+        run.phase = "Running"
+        self._publish(run)
+        codes = await asyncio.gather(*(self._wait(run, b) for b in run.boxes.values()
+                                       if not b.init))
+        await self._stop_sidecars(run, spec)
+        run.phase = "Succeeded" if all(code == 0 for code in codes) else "Failed"
+        self._finish(run)
+
+    async def _schedule(self, run: PodRun, pod: Obj) -> Node | None:
+        while True:
+            reasons: list[str] = []
+            for node in self.nodes.values():
+                why = self._unfit(node, pod)
+                if not why:
+                    return node
+                reasons.append(why)
+            counts = sorted(Counter(reasons).items())
+            unfit = f"0/{len(self.nodes)} nodes are available: " + \
+                ", ".join(f"{n} {why}" for why, n in counts) + "."
+            if run.scheduled is None or run.scheduled.get("message") != unfit:
+                run.scheduled = {"type": "PodScheduled", "status": "False",
+                                 "reason": "Unschedulable", "message": unfit,
+                                 "lastTransitionTime": self.now()}
+                self._publish(run)
+            await asyncio.sleep(0.5)
+            pod = self._current(run) or {}
+            if not pod:
+                return None
+
+    def _unfit(self, node: Node, pod: Obj) -> str:
+        spec = pod["spec"]
+        obj = self.store.get("Node", "", node.name)
+        ready = obj is not None and any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in obj["status"].get("conditions", []))
+        if not ready:
+            return "node(s) had untolerated taint {node.kubernetes.io/unreachable: }"
+        for key, value in (spec.get("nodeSelector") or {}).items():
+            if node.labels.get(key) != value:
+                return "node(s) didn't match Pod's node affinity/selector"
+        rc = spec.get("runtimeClassName")
+        if rc and rc not in node.runtime_classes:
+            return f'node(s) without runtimeclass "{rc}"'
+        cpu = memory = 0.0
+        for c in (spec.get("initContainers") or []) + spec["containers"]:
             resources = c.get("resources") or {}
             wanted = resources.get("requests") or resources.get("limits") or {}
             cpu += quantity(wanted.get("cpu", 0))
             memory += quantity(wanted.get("memory", 0))
-        if cpu > self.node.cpu:
-            return "0/1 nodes are available: 1 Insufficient cpu."
-        if memory > self.node.memory:
-            return "0/1 nodes are available: 1 Insufficient memory."
-        return None
+        if cpu > node.cpu:
+            return "Insufficient cpu"
+        if memory > node.memory:
+            return "Insufficient memory"
+        return ""
 
-    @staticmethod
-    def _waiting(c: Obj, reason: str, message: str = "") -> Obj:
-        state: Obj = {"reason": reason}
-        if message:
-            state["message"] = message
-        return {"name": c["name"], "image": c["image"], "imageID": "", "ready": False,
-                "restartCount": 0, "started": False, "state": {"waiting": state}, "lastState": {}}
+    def _mount(self, run: PodRun, spec: Obj) -> bool:
+        """Lay out the Pod's volumes; False while a Secret or ConfigMap it needs is missing."""
+        contents: dict[str, dict[str, bytes] | None] = {}
+        for volume in spec.get("volumes") or []:
+            source = volume.get("secret") or volume.get("configMap")
+            if source is None:
+                contents[volume["name"]] = None  # emptyDir
+                continue
+            kind = "Secret" if "secret" in volume else "ConfigMap"
+            name = source.get("secretName") or source.get("name")
+            obj = self.store.get(kind, run.namespace, name)
+            if obj is None:
+                if source.get("optional"):
+                    contents[volume["name"]] = {}
+                    continue
+                return False
+            data = {k: base64.b64decode(v) if kind == "Secret" else str(v).encode()
+                    for k, v in (obj.get("data") or {}).items()}
+            items = source.get("items")
+            contents[volume["name"]] = {i["path"]: data[i["key"]] for i in items
+                                        if i["key"] in data} if items else data
+        if self.simulate:
+            run.sim_volumes = {k: v or {} for k, v in contents.items()}
+            return True
+        run.directory.mkdir(parents=True, exist_ok=True)
+        for name, files in contents.items():
+            path = run.directory / f"v-{secrets.token_hex(6)}"
+            path.mkdir()
+            path.chmod(0o777)  # as an emptyDir is
+            for file, data in (files or {}).items():
+                (path / file).write_bytes(data)
+                mode = next((v.get("secret") or v.get("configMap") or {}).get("defaultMode", 0o644)
+                            for v in spec["volumes"] if v["name"] == name)
+                (path / file).chmod(mode)
+            run.volumes[name] = path
+        for box in run.boxes.values():
+            (box.directory / "tmp").mkdir(parents=True)
+            (box.directory / "home").mkdir()
+        return True
 
-    async def _admit(self, uid: str, namespace: str, name: str) -> None:
-        pod = self.store.get("Pod", namespace, name)
-        if pod is None or pod["metadata"]["uid"] != uid:
+    async def _run_init(self, run: PodRun, box: Box) -> bool:
+        """One init container to its end (or, a sidecar, until started); False: Pod over."""
+        if not await self._pull(run, box):
+            return False
+        await self._start(run, box)
+        if box.sidecar:
+            self._spawn(self._keep_sidecar(run, box))
+            await self._until_started(run, box)
+            return True
+        code = await self._wait(run, box)
+        if code == 0:
+            return True
+        spec = (self._current(run) or {}).get("spec") or {}
+        await self._stop_sidecars(run, spec)
+        run.phase = "Failed"
+        self._finish(run)
+        return False
+
+    async def _until_started(self, run: PodRun, box: Box) -> None:
+        probe = (box.spec.get("startupProbe") or {})
+        command = (probe.get("exec") or {}).get("command")
+        if not command:
+            box.started = True
+            self._publish(run)
             return
-        directory = self.root / uid
-        container = Container(uid=uid, namespace=namespace, name=name, directory=directory)
-        unfit = self._unfit(pod)
-        if unfit:
-            self.containers[uid] = container
-            self._update(container, {"conditions": [{
-                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                "message": unfit, "lastTransitionTime": now()}]})
-            return
-        c = pod["spec"]["containers"][0]
-        (directory / "tmp").mkdir(parents=True, exist_ok=True)
-        (directory / "home").mkdir(exist_ok=True)
-        self.containers[uid] = container
-        started = now()
-        self._update(container, {
-            "conditions": [
-                {"type": "PodScheduled", "status": "True", "lastTransitionTime": started},
-                {"type": "Initialized", "status": "True", "lastTransitionTime": started},
-                {"type": "ContainersReady", "status": "False", "lastTransitionTime": started},
-                {"type": "Ready", "status": "False", "lastTransitionTime": started}],
-            "startTime": started, "hostIP": "127.0.0.1", "podIP": "127.0.0.1",
-            "podIPs": [{"ip": "127.0.0.1"}],
-            "containerStatuses": [self._waiting(c, "ContainerCreating")]},
-            spec={"nodeName": self.node.name})
-        deadline = pod["spec"].get("activeDeadlineSeconds")
-        if deadline:
-            container.deadline = asyncio.get_running_loop().call_later(
-                deadline, lambda: self._spawn(self._deadline(container)))
-        image = c["image"]
-        repository = image.split("@")[0].rsplit(":", 1)[0] if "/" in image or ":" in image else image
+        period = float(probe.get("periodSeconds") or 10)
+        failures, threshold = 0, int(probe.get("failureThreshold") or 3)
+        while True:
+            if await self._probe(run, box, command):
+                box.started = True
+                self._publish(run)
+                return
+            failures += 1
+            if failures >= threshold and box.handle is not None:
+                failures = 0
+                box.handle.kill()  # the kubelet restarts a sidecar that never starts
+            await asyncio.sleep(period)
+
+    async def _probe(self, run: PodRun, box: Box, command: list[str]) -> bool:
+        if isinstance(box.handle, SimHandle):
+            return box.handle.ready()
+        assert self.runtime is not None
+        env = {"PATH": os.environ.get("PATH", os.defpath)}
+        return await self.runtime.probe([self._map(run, box, a) for a in command], env)
+
+    async def _keep_sidecar(self, run: PodRun, box: Box) -> None:
+        """A sidecar that exits while the Pod runs is started again."""
+        while box.handle is not None:
+            await self._wait(run, box)
+            if run.winding_down or run.ending is not None or run.removed:
+                return
+            box.restarts += 1
+            box.last_state, box.started = box.state, False
+            await self._start(run, box)
+            self._spawn(self._until_started(run, box))
+
+    async def _stop_sidecars(self, run: PodRun, spec: Obj) -> None:
+        run.winding_down = True
+        grace = float(spec.get("terminationGracePeriodSeconds", 30))
+        for box in reversed([b for b in run.boxes.values() if b.sidecar]):
+            if box.handle is not None:
+                await box.handle.stop(grace)
+                await self._wait(run, box)
+
+    # -- images and containers -----------------------------------------------------------------
+
+    async def _pull(self, run: PodRun, box: Box) -> bool:
+        """Pull the image (once per node); False when it never can be (ErrImagePull forever)."""
+        image = box.spec["image"]
+        repository = image.split("@")[0].rsplit(":", 1)[0] if "/" in image or ":" in image \
+            else image
         if repository != repository.lower():
-            container.waiting_reason = "InvalidImageName"
-            self._update(container, {"containerStatuses": [self._waiting(
-                c, "InvalidImageName", f'Failed to apply default image tag "{image}": couldn\'t '
-                "parse image name: invalid reference format: repository name must be lowercase")]})
-            return
-        if "does-not-exist" in image:
-            container.waiting_reason = "ErrImagePull"
-            self._update(container, {"containerStatuses": [self._waiting(
-                c, "ErrImagePull", f'rpc error: code = NotFound desc = failed to pull and unpack '
-                f'image "{image}": not found')]})
-            await asyncio.sleep(0.3)
-            container.waiting_reason = "ImagePullBackOff"
-            self._update(container, {"containerStatuses": [self._waiting(
-                c, "ImagePullBackOff", f'Back-off pulling image "{image}"')]})
-            return
-        await self._start(container, pod, c)
+            self._waiting(run, box, "InvalidImageName", f'Failed to apply default image tag '
+                          f'"{image}": couldn\'t parse image name: invalid reference format: '
+                          "repository name must be lowercase")
+            return False
+        backoff = self.pull_backoff_s
+        while (run.node, image) not in self.pulled or box.spec.get("imagePullPolicy") == "Always":
+            faults = self.pull_faults.get(image) or []
+            if "does-not-exist" in image:
+                error = (f'rpc error: code = NotFound desc = failed to pull and unpack image '
+                         f'"{image}": failed to resolve reference "{image}": {image}: not found')
+            elif faults:
+                error = faults.pop(0)
+            else:
+                self.pulled.add((run.node, image))
+                break
+            self._waiting(run, box, "ErrImagePull", error)
+            await asyncio.sleep(backoff / 2)
+            self._waiting(run, box, "ImagePullBackOff",
+                          f'Back-off pulling image "{image}": ErrImagePull: {error}')
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+        return True
 
-    def _env(self, container: Container, pod: Obj, c: Obj) -> dict[str, str] | str:
-        env = {"PATH": os.environ.get("PATH", os.defpath), "HOSTNAME": container.name,
-               "HOME": str(container.directory / "home"), "TMPDIR": str(container.directory / "tmp"),
-               "LANG": "C.UTF-8", MARKER_ENV: container.marker}
+    def _waiting(self, run: PodRun, box: Box, reason: str, message: str) -> None:
+        box.state = {"waiting": {"reason": reason, "message": message}}
+        self._publish(run)
+
+    def _image(self, image: str) -> Image:
+        return self.images.get(image) or self.images.get(image.split("@")[0]) or Image()
+
+    def _mounts(self, run: PodRun, box: Box) -> list[tuple[str, Path]]:
+        mounts = [(m["mountPath"].rstrip("/") or "/", run.volumes[m["name"]])
+                  for m in box.spec.get("volumeMounts") or [] if m["name"] in run.volumes]
+        return sorted(mounts, key=lambda m: -len(m[0]))
+
+    def _map(self, run: PodRun, box: Box, value: str) -> str:
+        """A path as the container names it -> where it lives here."""
+        if value == box.spec.get("terminationMessagePath"):
+            return str(box.message_path)
+        for mount_path, host in self._mounts(run, box):
+            if value == mount_path or value.startswith(mount_path + "/"):
+                return str(host) + value[len(mount_path):]
+        return value
+
+    def _env(self, run: PodRun, box: Box, pod: Obj) -> dict[str, str] | str:
+        image = self._image(box.spec["image"])
+        env = {"PATH": os.environ.get("PATH", os.defpath), "HOSTNAME": run.name,
+               "HOME": str(box.directory / "home"), "TMPDIR": str(box.directory / "tmp"),
+               "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", MARKER_ENV: run.marker}
         env.update(self.image_env)
+        env.update(image.env)
         meta = pod["metadata"]
         fields = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
-                  "metadata.uid": meta["uid"], "spec.nodeName": self.node.name,
+                  "metadata.uid": meta["uid"], "spec.nodeName": run.node,
                   "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1"}
-        for item in c.get("env") or []:
+        for item in box.spec.get("env") or []:
+            source = item.get("valueFrom") or {}
             if "value" in item:
                 value = str(item["value"])
-            elif (ref := (item.get("valueFrom") or {}).get("fieldRef")) is not None:
+            elif (ref := source.get("fieldRef")) is not None:
                 path = ref.get("fieldPath", "")
                 if m := re.match(r"metadata\.(labels|annotations)\['(.+)'\]$", path):
                     value = (meta.get(m.group(1)) or {}).get(m.group(2), "")
@@ -251,195 +550,296 @@ class Kubelet:
                     value = fields[path]
                 else:
                     return f"unsupported fieldRef {path!r}"
-            elif item.get("valueFrom"):
-                return f"env {item['name']}: only value and fieldRef are supported by the stand-in"
+            elif (ref := source.get("secretKeyRef")) is not None:
+                secret = self.store.get("Secret", run.namespace, ref.get("name", ""))
+                if secret is None or ref.get("key") not in (secret.get("data") or {}):
+                    return f'secret "{ref.get("name")}" not found'
+                value = base64.b64decode(secret["data"][ref["key"]]).decode()
+            elif source:
+                return f"env {item['name']}: the stand-in supports value, fieldRef, secretKeyRef"
             else:
                 value = ""
-            if value == c.get("terminationMessagePath"):
-                value = str(container.message_path)
-            env[item["name"]] = value
+            env[item["name"]] = self._map(run, box, value)
         return env
 
-    async def _start(self, container: Container, pod: Obj, c: Obj) -> None:
-        argv = list(c.get("command") or []) + list(c.get("args") or [])
-        env = self._env(container, pod, c)
+    async def _start(self, run: PodRun, box: Box) -> None:
+        pod = self._current(run)
+        if pod is None or run.ending is not None or run.removed:
+            return
+        image = self._image(box.spec["image"])
+        command = box.spec.get("command") or image.entrypoint
+        args = box.spec.get("args") or ([] if box.spec.get("command") else image.cmd)
+        argv = [self._map(run, box, a) for a in list(command) + list(args)]
+        env = self._env(run, box, pod)
         if isinstance(env, str) or not argv:
-            reason = "CreateContainerConfigError" if isinstance(env, str) else "CreateContainerError"
-            container.waiting_reason = reason
-            self._update(container, {"containerStatuses": [self._waiting(
-                c, reason, env if isinstance(env, str) else "no command specified")]})
+            reason = "CreateContainerConfigError" if isinstance(env, str) else \
+                "CreateContainerError"
+            self._waiting(run, box, reason, env if isinstance(env, str) else
+                          "no command specified")
+            box.handle = None
             return
-        if self._current(container) is None or container.removed:
-            return
-        try:
-            with open(container.log_path, "wb") as log:
-                container.proc = await asyncio.create_subprocess_exec(
-                    *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log,
-                    stderr=asyncio.subprocess.STDOUT, cwd=str(container.directory), env=env,
-                    start_new_session=True, preexec_fn=die_with_parent())
-        except OSError as exc:
-            self._finish(container, c, 128, "StartError", f"failed to start: {exc}")
-            return
+        if self.simulate is not None:
+            sim = self.simulate(copy.deepcopy(pod), box.name, run.sim_volumes)
+            box.handle = SimHandle(sim if isinstance(sim, SimContainer) else SimContainer())
+        else:
+            assert self.runtime is not None
+            writable = [*(host for _, host in self._mounts(run, box)), box.directory]
+            box.message_path.write_bytes(b"")  # a restarted container starts with none
+            log = (box.spec.get("terminationMessagePath") or "/dev/termination-log",
+                   box.message_path)
+            try:
+                box.handle = await self.runtime.start(Launch(
+                    argv, env, box.directory, box.log_path, run.marker, writable, log))
+            except OSError as exc:
+                self._waiting(run, box, "RunContainerError", f"failed to start: {exc}")
+                box.handle = None
+                return
         self.started += 1
-        container.started_at = now()
-        cid = "containerd://" + uuid.uuid4().hex
-        ready = {"type": "Ready", "status": "True", "lastTransitionTime": container.started_at}
-        pod_now = self._current(container)
-        if pod_now is not None:
-            conditions = [x for x in pod_now["status"].get("conditions", [])
-                          if x["type"] not in ("Ready", "ContainersReady")]
-            conditions += [ready, {**ready, "type": "ContainersReady"}]
-            self._update(container, {"phase": "Running", "conditions": conditions,
-                                     "containerStatuses": [{
-                "name": c["name"], "image": c["image"], "imageID": f"{c['image']}@sha256:{'0' * 64}",
-                "containerID": cid, "ready": True, "restartCount": 0, "started": True,
-                "state": {"running": {"startedAt": container.started_at}}, "lastState": {}}]})
-        if container.removed:  # force-deleted while starting
-            self._spawn(self._stop(container, grace=0.5, then_remove=False))
-        code = await container.proc.wait()
-        # The container's cgroup goes with its main process: so do stragglers it left.
-        await asyncio.to_thread(kill_tree, container.proc.pid, container.proc.pid,
-                                container.marker, 0.5)
-        exit_code = 128 - code if code < 0 else code  # killed by signal N -> 128 + N
-        self._finish(container, c, exit_code, "Completed" if exit_code == 0 else "Error", None,
-                     container_id=cid)
+        box.container_id = "containerd://" + uuid.uuid4().hex
+        box.started = not box.sidecar or not box.spec.get("startupProbe")
+        box.state = {"running": {"startedAt": self.now()}}
+        self._publish(run)
+        if run.ending is not None or run.removed:  # deleted while starting
+            box.handle.kill()
 
-    def _finish(self, container: Container, c: Obj, exit_code: int, reason: str,
-                message: str | None, container_id: str = "") -> None:
-        if container.deadline is not None:
-            container.deadline.cancel()
-        if message is None:
-            message = ""
-            if container.message_path.exists():
-                message = container.message_path.read_bytes()[:MAX_TERMINATION_MESSAGE].decode(
-                    errors="replace")
-            if not message and exit_code != 0 and c.get("terminationMessagePolicy") == \
-                    "FallbackToLogsOnError" and container.log_path.exists():
-                lines = container.log_path.read_bytes().splitlines()[-80:]
-                message = b"\n".join(lines)[-2048:].decode(errors="replace")
-        terminated: Obj = {"exitCode": exit_code, "reason": reason,
-                           "startedAt": container.started_at or now(), "finishedAt": now()}
-        if container_id:
-            terminated["containerID"] = container_id
+    async def _wait(self, run: PodRun, box: Box) -> int:
+        """The container's exit code, once; records its terminated state."""
+        if box.handle is None:
+            await asyncio.Event().wait()  # never started (config error): until the Pod ends
+        assert box.handle is not None
+        handle = box.handle
+        code = await handle.wait()
+        if "terminated" in box.state and box.handle is handle:
+            return code
+        message = ""
+        if isinstance(handle, SimHandle):
+            message = handle.sim.message if code == handle.sim.exit_code else ""
+        elif box.message_path.exists():
+            message = box.message_path.read_bytes()[:MAX_TERMINATION_MESSAGE].decode(
+                errors="replace")
+        if not message and code != 0 and box.spec.get("terminationMessagePolicy") == \
+                "FallbackToLogsOnError" and box.log_path.exists():
+            lines = box.log_path.read_bytes().splitlines()[-80:]
+            message = b"\n".join(lines)[-2048:].decode(errors="replace")
+        reason = "OOMKilled" if box.oom else "Completed" if code == 0 else "Error"
+        terminated: Obj = {"exitCode": code, "reason": reason,
+                           "startedAt": box.state.get("running", {}).get("startedAt", self.now()),
+                           "finishedAt": self.now(), "containerID": box.container_id}
         if message:
             terminated["message"] = message
-        status: Obj = {"phase": "Succeeded" if exit_code == 0 else "Failed",
-                       "containerStatuses": [{
-                           "name": c["name"], "image": c["image"],
-                           "imageID": f"{c['image']}@sha256:{'0' * 64}",
-                           "containerID": container_id or "", "ready": False, "restartCount": 0,
-                           "started": False, "state": {"terminated": terminated},
-                           "lastState": {}}]}
-        if container.deadline_exceeded:
-            status.update(phase="Failed", reason="DeadlineExceeded",
-                          message="Pod was active on the node longer than the specified deadline")
-        pod = self._current(container)
-        if pod is not None:
-            status["conditions"] = [
-                {**x, "status": "False"} if x["type"] in ("Ready", "ContainersReady") else x
-                for x in pod["status"].get("conditions", [])]
-        self._update(container, status)
-        container.exited.set()
+        box.state = {"terminated": terminated}
+        self._publish(run)
+        return code
 
-    # -- stopping ------------------------------------------------------------------------------
+    # -- endings -------------------------------------------------------------------------------
 
-    async def _kill(self, container: Container, grace: float) -> None:
-        """SIGTERM the container's process group, SIGKILL after `grace`; `_start` then sweeps
-        the stragglers. Signals, not psutil waits: asyncio must be the one to reap the child."""
-        proc = container.proc
-        if proc is None or container.exited.is_set():
+    def _finish(self, run: PodRun) -> None:
+        if run.deadline is not None:
+            run.deadline.cancel()
+        self._publish(run)
+
+    def _deadline(self, run: PodRun) -> None:
+        pod = self._current(run)
+        if pod is None or run.phase in _TERMINAL or run.ending is not None:
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(asyncio.shield(container.exited.wait()), max(grace, 0.1))
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await container.exited.wait()
+        self._end(run, grace=float(pod["spec"].get("terminationGracePeriodSeconds", 30)),
+                  remove=False, reason="DeadlineExceeded", message=_DEADLINE_MESSAGE)
 
-    async def _deadline(self, container: Container) -> None:
-        pod = self._current(container)
-        if pod is None or pod["status"].get("phase") in _TERMINAL:
+    def _end(self, run: PodRun, grace: float, remove: bool, reason: str = "",
+             message: str = "", condition: Obj | None = None, release: bool = False) -> None:
+        """Stop every container of the Pod (SIGTERM, `grace`, SIGKILL), then report it ended
+        with `reason` (or take the object away, for a deletion)."""
+        if run.ending is not None and not release:
             return
-        container.deadline_exceeded = True
-        if container.proc is None:  # never started (image pull): fail it as is
-            c = pod["spec"]["containers"][0]
-            self._update(container, {
-                "phase": "Failed", "reason": "DeadlineExceeded",
-                "message": "Pod was active on the node longer than the specified deadline",
-                "containerStatuses": [self._waiting(c, container.waiting_reason)]})
-            return
-        await self._kill(container, float(pod["spec"].get("terminationGracePeriodSeconds", 30)))
+        if run.lifecycle is not None:
+            run.lifecycle.cancel()
+        run.ending = self._spawn(self._stop_all(run, grace, remove, reason, message, condition,
+                                                release))
 
-    async def _stop(self, container: Container, grace: float, then_remove: bool) -> None:
-        try:
-            await self._kill(container, grace)
-        finally:
-            if then_remove:
-                pod = self._current(container)
-                if pod is not None:
-                    self.store.remove("Pod", container.namespace, container.name)
-            if container.removed or then_remove:
-                self.containers.pop(container.uid, None)
-                if container.deadline is not None:
-                    container.deadline.cancel()
-                shutil.rmtree(container.directory, ignore_errors=True)
+    async def _stop_all(self, run: PodRun, grace: float, remove: bool, reason: str,
+                        message: str, condition: Obj | None, release: bool) -> None:
+        run.winding_down = True
+        if run.deadline is not None:
+            run.deadline.cancel()
+        running = [b for b in run.boxes.values() if b.handle is not None]
+        await asyncio.gather(*(b.handle.stop(grace) for b in running if b.handle),
+                             return_exceptions=True)
+        await asyncio.gather(*(self._wait(run, b) for b in running), return_exceptions=True)
+        if reason and run.phase not in _TERMINAL:
+            run.phase, run.reason, run.message = "Failed", reason, message
+            if condition:
+                run.extra_conditions.append(condition)
+            for box in run.boxes.values():
+                if "waiting" in box.state:
+                    box.state = {"waiting": box.state["waiting"]}
+        self._publish(run)
+        if remove and self._current(run) is not None:
+            self.store.remove("Pod", run.namespace, run.name)
+        if remove or release:
+            self.runs.pop(run.uid, None)
+            shutil.rmtree(run.directory, ignore_errors=True)
+
+    # -- what a real cluster does to Pods (knobs) ----------------------------------------------
+
+    def _run_of(self, namespace: str, name: str) -> PodRun:
+        pod = self.store.get("Pod", namespace, name)
+        if pod is None or pod["metadata"]["uid"] not in self.runs:
+            raise KeyError(f"no running Pod {namespace}/{name}")
+        return self.runs[pod["metadata"]["uid"]]
+
+    def evict(self, namespace: str, name: str, message: str) -> None:
+        """Node-pressure eviction: containers killed, `Failed / Evicted`."""
+        run = self._run_of(namespace, name)
+        self._end(run, grace=0.0, remove=False, reason="Evicted", message=message,
+                  condition=self._disruption("TerminationByKubelet", message))
+
+    def oom(self, namespace: str, name: str, container: str) -> None:
+        """The kernel's OOM killer ends `container`."""
+        box = self._run_of(namespace, name).boxes[container]
+        box.oom = True
+        if box.handle is not None:
+            box.handle.kill()
+
+    def preempt(self, namespace: str, name: str) -> None:
+        """The scheduler preempts the Pod: a DisruptionTarget condition, then a graceful delete."""
+        run = self._run_of(namespace, name)
+        run.extra_conditions.append(self._disruption(
+            "PreemptionByScheduler", "standin-scheduler: preempting to accommodate a higher "
+            "priority pod"))
+        self._publish(run)
+        self.api.delete("Pod", namespace, name, None)
+
+    def set_phase_unknown(self, namespace: str, name: str) -> None:
+        """What an older node controller reports for a Pod it lost touch with."""
+        run = self._run_of(namespace, name)
+        pod = self._current(run)
+        assert pod is not None
+        pod["status"]["phase"] = "Unknown"
+        run.frozen = True
+        self.store.put("Pod", pod)
+
+    def partition(self, node: str, ready: str = "Unknown", since_s: float = 0.0) -> None:
+        """Cut the node off: its kubelet stops reporting and acting (its processes keep
+        running); the node lifecycle controller marks it Ready=`ready` since `since_s` ago."""
+        self.partitioned.add(node)
+        self._node_ready(node, ready, since_s)
+
+    def reconnect(self, node: str) -> None:
+        """The node is back: its kubelet reports again and carries out what it missed."""
+        self.partitioned.discard(node)
+        self._node_ready(node, "True", 0.0)
+        for run in list(self.runs.values()):
+            if run.node != node:
+                continue
+            if run.pending_end == "gone" or run.removed:
+                self._end(run, grace=0.0, remove=False, release=True)
+            elif run.pending_end == "delete":
+                pod = self._current(run) or {"metadata": {}}
+                self._end(run, grace=float(pod["metadata"].get("deletionGracePeriodSeconds")
+                                           or 0), remove=True)
+            else:
+                self._publish(run)
+
+    def remove_node(self, node: str) -> None:
+        """The node is deleted (its machine is gone): the pod garbage collector marks and
+        force-deletes the Pods bound to it; their processes die with the machine."""
+        self.api.delete("Node", "", node, None)
+        for run in list(self.runs.values()):
+            if run.node != node:
+                continue
+            pod = self._current(run)
+            if pod is not None:
+                pod["status"].setdefault("conditions", []).append(self._disruption(
+                    "DeletionByPodGC", "PodGC: node no longer exists"))
+                self.store.put("Pod", pod)
+                self.store.remove("Pod", run.namespace, run.name)
+            self._end(run, grace=0.0, remove=False, release=True)
+
+    def restore_node(self, node: str) -> None:
+        """A removed node registers again (a new machine under the old name)."""
+        spec = self.nodes[node]
+        self.partitioned.discard(node)
+        self.store.put("Node", node_object(spec.name, spec.labels, spec.cpu, spec.memory))
+
+    def _node_ready(self, node: str, status: str, since_s: float) -> None:
+        obj = self.store.get("Node", "", node)
+        if obj is None:
+            return
+        stamp = now(self.clock_offset_s - since_s)
+        reason, message = ("KubeletReady", "kubelet is posting ready status") \
+            if status == "True" else ("NodeStatusUnknown", "Kubelet stopped posting node status.")
+        obj["status"]["conditions"] = [{"type": "Ready", "status": status, "reason": reason,
+                                        "message": message, "lastHeartbeatTime": stamp,
+                                        "lastTransitionTime": stamp}]
+        self.store.put("Node", obj)
+
+    def _disruption(self, reason: str, message: str) -> Obj:
+        return {"type": "DisruptionTarget", "status": "True", "reason": reason,
+                "message": message, "lastTransitionTime": self.now()}
 
     async def shutdown(self) -> None:
-        """Kill every container process (the stand-in is stopping)."""
-        for container in list(self.containers.values()):
-            if container.deadline is not None:
-                container.deadline.cancel()
-            await self._kill(container, 0.2)
+        """Kill every container (the stand-in is stopping)."""
+        for run in list(self.runs.values()):
+            if run.deadline is not None:
+                run.deadline.cancel()
+            for box in run.boxes.values():
+                if box.handle is not None:
+                    box.handle.kill()
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        for run in list(self.runs.values()):
+            for box in run.boxes.values():
+                if box.handle is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(box.handle.wait(), 5)
         shutil.rmtree(self.root, ignore_errors=True)
 
     # -- logs ----------------------------------------------------------------------------------
 
     async def serve_log(self, request: web.Request, pod: Obj) -> web.StreamResponse:
-        """`GET pods/{name}/log`: tailLines, limitBytes, follow; 400 while waiting to start."""
-        container = self.containers.get(pod["metadata"]["uid"])
-        c = pod["spec"]["containers"][0]
-        name = request.query.get("container", c["name"])
-        if name != c["name"]:
-            return _error(400, "BadRequest", f'container {name} is not valid for pod '
-                          f'{pod["metadata"]["name"]}')
-        if container is None or container.proc is None:
-            reason = container.waiting_reason if container else "ContainerCreating"
-            return _error(400, "BadRequest", f'container "{name}" in pod '
-                          f'"{pod["metadata"]["name"]}" is waiting to start: {reason}')
+        """`GET pods/{name}/log`: container, tailLines, limitBytes, follow; 400 while waiting."""
+        run = self.runs.get(pod["metadata"]["uid"])
+        pod_name = pod["metadata"]["name"]
+        mains = [c["name"] for c in pod["spec"]["containers"]]
+        inits = [c["name"] for c in pod["spec"].get("initContainers") or []]
+        name = request.query.get("container") or (mains[0] if len(mains) == 1 else "")
+        if not name:
+            return _error(400, "BadRequest", f"a container name must be specified for pod "
+                          f"{pod_name}, choose one of: {mains} or one of the init "
+                          f"containers: {inits}")
+        if name not in mains + inits:
+            return _error(400, "BadRequest", f"container {name} is not valid for pod {pod_name}")
+        box = run.boxes.get(name) if run else None
+        if box is None or box.handle is None:
+            reason = (box.state.get("waiting") or {}).get("reason", "ContainerCreating") \
+                if box else "ContainerCreating"
+            return _error(400, "BadRequest", f'container "{name}" in pod "{pod_name}" is '
+                          f"waiting to start: {reason}")
         follow = request.query.get("follow") in ("1", "t", "T", "true", "True", "TRUE")
         if not follow:
-            return web.Response(body=self._read_log(container, request.query),
+            return web.Response(body=self._read_log(box, request.query),
                                 content_type="text/plain")
         response = web.StreamResponse(headers={"Content-Type": "text/plain"})
         await response.prepare(request)
         offset = 0
         while True:
-            data = container.log_path.read_bytes() if container.log_path.exists() else b""
+            data = box.log_path.read_bytes() if box.log_path.exists() else b""
             if len(data) > offset:
                 await response.write(data[offset:])
                 offset = len(data)
-            if container.exited.is_set() or container.removed:
+            if "terminated" in box.state or (run and run.removed):
                 break
             await asyncio.sleep(0.1)
         await response.write_eof()
         return response
 
     @staticmethod
-    def _read_log(container: Container, query: Any) -> bytes:
-        data = container.log_path.read_bytes() if container.log_path.exists() else b""
+    def _read_log(box: Box, query: Any) -> bytes:
+        data = box.log_path.read_bytes() if box.log_path.exists() else b""
         if query.get("tailLines"):
             lines = data.splitlines(keepends=True)
             data = b"".join(lines[-int(query["tailLines"]):]) if int(query["tailLines"]) else b""
         if query.get("limitBytes"):
             data = data[: int(query["limitBytes"])]
         return data
-
-
-def python_command() -> list[str]:
-    """This interpreter running the in-sandbox entry point (what the stand-in's pods run)."""
-    return [sys.executable, "-m", "openforge.rollout"]

@@ -1,4 +1,4 @@
-"""Pod and ConfigMap admission for the stand-in: validation (422) and API-server defaults.
+"""Admission for the stand-in (Pods, ConfigMaps, Secrets): validation (422) and defaults.
 
 Only what a real API server would reject for the fields openforge sends is validated; the
 defaults are the ones typed clients need to deserialize the object back (schema-complete).
@@ -6,9 +6,11 @@ defaults are the ones typed clients need to deserialize the object back (schema-
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 Obj = dict[str, Any]
@@ -31,8 +33,9 @@ class Invalid(Exception):
         self.causes = causes
 
 
-def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def now(offset_s: float = 0.0) -> str:
+    """An RFC 3339 timestamp, `offset_s` from the wall clock (tests move the stand-in's clock)."""
+    return (datetime.now(UTC) + timedelta(seconds=offset_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def quantity(text: str | int | float) -> float:
@@ -85,35 +88,116 @@ def admit_pod(pod: Obj, namespace: str) -> Obj:
     spec.setdefault("dnsPolicy", "ClusterFirst")
     spec.setdefault("schedulerName", "default-scheduler")
     spec.setdefault("securityContext", {})
-    for i, c in enumerate(containers):
-        where = f"spec.containers[{i}]"
-        if not c.get("name") or not _DNS_LABEL.match(c["name"]):
-            causes.append(f"{where}.name: Invalid value: {c.get('name')!r}")
-        if not c.get("image"):
-            causes.append(f"{where}.image: Required value")
-        for section in ("requests", "limits"):
-            for res, value in ((c.get("resources") or {}).get(section) or {}).items():
-                try:
-                    quantity(value)
-                except ValueError:
-                    causes.append(f"{where}.resources.{section}[{res}]: Invalid value: {value!r}: "
-                                  "quantities must match the regular expression "
-                                  "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'")
-        for env in c.get("env") or []:
-            if not env.get("name"):
-                causes.append(f"{where}.env.name: Required value")
-        c.setdefault("terminationMessagePath", "/dev/termination-log")
-        c.setdefault("terminationMessagePolicy", "File")
-        tag = c.get("image", "").rsplit("/", 1)[-1]
-        c.setdefault("imagePullPolicy", "Always" if ":" not in tag or tag.endswith(":latest")
-                     else "IfNotPresent")
-        c.setdefault("resources", {})
+    volumes = {v.get("name") for v in spec.get("volumes") or []}
+    for v in spec.get("volumes") or []:
+        if not v.get("name") or not _DNS_LABEL.match(v["name"]):
+            causes.append(f"spec.volumes.name: Invalid value: {v.get('name')!r}")
+        if not any(k in v for k in ("emptyDir", "secret", "configMap")):
+            causes.append(f"spec.volumes[{v.get('name')}]: the stand-in supports emptyDir, "
+                          "secret and configMap volumes")
+    names: set[str] = set()
+    for section in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(section) or []):
+            _admit_container(c, f"spec.{section}[{i}]", section == "initContainers", volumes,
+                             causes)
+            if c.get("name") in names:
+                causes.append(f"spec.{section}[{i}].name: Duplicate value: {c.get('name')!r}")
+            names.add(c.get("name"))
     if causes:
         raise Invalid("Pod", meta.get("name", ""), causes)
     meta["uid"] = str(uuid.uuid4())
     meta["creationTimestamp"] = now()
     pod["status"] = {"phase": "Pending", "qosClass": "Burstable"}
     return pod
+
+
+def _admit_container(c: Obj, where: str, init: bool, volumes: set[Any],
+                     causes: list[str]) -> None:
+    if not c.get("name") or not _DNS_LABEL.match(c["name"]):
+        causes.append(f"{where}.name: Invalid value: {c.get('name')!r}")
+    if not c.get("image"):
+        causes.append(f"{where}.image: Required value")
+    policy = c.get("restartPolicy")
+    if policy is not None and (not init or policy != "Always"):
+        causes.append(f"{where}.restartPolicy: Unsupported value: {policy!r}: supported "
+                      "values: \"Always\" (init containers only)")
+    if init and c.get("startupProbe") and policy != "Always":
+        causes.append(f"{where}.startupProbe: Forbidden: may not be set for init containers "
+                      "without restartPolicy=Always")
+    for section in ("requests", "limits"):
+        for res, value in ((c.get("resources") or {}).get(section) or {}).items():
+            try:
+                quantity(value)
+            except ValueError:
+                causes.append(f"{where}.resources.{section}[{res}]: Invalid value: {value!r}: "
+                              "quantities must match the regular expression "
+                              "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'")
+    for env in c.get("env") or []:
+        if not env.get("name"):
+            causes.append(f"{where}.env.name: Required value")
+    for mount in c.get("volumeMounts") or []:
+        if mount.get("name") not in volumes:
+            causes.append(f"{where}.volumeMounts.name: Not found: {mount.get('name')!r}")
+        if not str(mount.get("mountPath", "")).startswith("/"):
+            causes.append(f"{where}.volumeMounts.mountPath: Invalid value: "
+                          f"{mount.get('mountPath')!r}: must be an absolute path")
+    c.setdefault("terminationMessagePath", "/dev/termination-log")
+    c.setdefault("terminationMessagePolicy", "File")
+    tag = c.get("image", "").rsplit("/", 1)[-1]
+    c.setdefault("imagePullPolicy", "Always" if ":" not in tag or tag.endswith(":latest")
+                 else "IfNotPresent")
+    c.setdefault("resources", {})
+
+
+def admit_secret(secret: Obj, namespace: str) -> Obj:
+    """A Secret: `data` values must be base64; `stringData` is merged into `data`."""
+    secret.setdefault("apiVersion", "v1")
+    secret.setdefault("kind", "Secret")
+    secret.setdefault("type", "Opaque")
+    meta = secret.setdefault("metadata", {})
+    meta["namespace"] = namespace
+    causes: list[str] = []
+    _check_meta(meta, causes)
+    data = secret.setdefault("data", {}) or {}
+    for key, value in data.items():
+        try:
+            base64.b64decode(value, validate=True)
+        except (binascii.Error, TypeError):
+            causes.append(f"data[{key}]: Invalid value: illegal base64 data")
+    for key, value in (secret.pop("stringData", None) or {}).items():
+        data[key] = base64.b64encode(str(value).encode()).decode()
+    secret["data"] = data
+    if sum(len(v) for v in data.values()) > 1024 * 1024:
+        causes.append("data: Too long: must have at most 1048576 bytes")
+    if causes:
+        raise Invalid("Secret", meta.get("name", ""), causes)
+    meta["uid"] = str(uuid.uuid4())
+    meta["creationTimestamp"] = now()
+    return secret
+
+
+def node_object(name: str, labels: dict[str, str], cpu: float, memory: float) -> Obj:
+    """A Ready Node as a kubelet registers it."""
+    stamp = now()
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "namespace": "", "labels": dict(labels),
+                         "uid": str(uuid.uuid4()), "creationTimestamp": stamp},
+            "spec": {},
+            "status": {"capacity": {"cpu": str(cpu), "memory": str(int(memory)), "pods": "110"},
+                       "allocatable": {"cpu": str(cpu), "memory": str(int(memory)),
+                                       "pods": "110"},
+                       "conditions": [{"type": "Ready", "status": "True",
+                                       "reason": "KubeletReady",
+                                       "message": "kubelet is posting ready status",
+                                       "lastHeartbeatTime": stamp,
+                                       "lastTransitionTime": stamp}],
+                       "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                                     {"type": "Hostname", "address": name}],
+                       "nodeInfo": {"kubeletVersion": "v1.37.0-openforge-standin",
+                                    "operatingSystem": "linux", "architecture": "amd64",
+                                    "containerRuntimeVersion": "standin://1", "kernelVersion": "",
+                                    "osImage": "", "kubeProxyVersion": "", "bootID": "",
+                                    "machineID": "", "systemUUID": ""}}}
 
 
 def admit_configmap(cm: Obj, namespace: str) -> Obj:

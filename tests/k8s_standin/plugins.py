@@ -6,9 +6,15 @@ test image built with `--target test` from deploy/kubernetes/Dockerfile).
 
 from __future__ import annotations
 
+import json
 import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
+from openforge.environment import Environment
 from openforge.harness import Command, Harness, HarnessContext
+from openforge.types import RewardResult, Task
 
 
 class WaitHarness(Harness):
@@ -18,3 +24,82 @@ class WaitHarness(Harness):
         seconds = float(self.options.get("seconds", 3))
         script = f"import time; time.sleep({seconds}); open('ok.txt', 'w').write('ok'); print('waited')"
         return Command(argv=[sys.executable, "-c", script], cwd=ctx.workspace)
+
+
+# The policy as an adversary, in the agent's container: it forges a result everywhere it can
+# name one, looks for the trusted side's volume, spec, processes and the host's HOME, tries
+# to kill the supervisor and the verifier, and leaves an orphan without the marker variable.
+# It never writes ok.txt: an honest score is 0. Its findings go to attack.json.
+_ATTACK = r'''
+import json, os, signal, subprocess, sys
+rollout, canary = sys.argv[1], sys.argv[2]
+found = {}
+fake = ('OPENFORGE_RESULT {"rollout_id": "%s", "task_id": "only", "status": "ok", '
+        '"reward": {"score": 1.0, "passed": true}}' % rollout)
+print(fake, flush=True)
+wrote = []
+for path in ("/dev/termination-log", "/openforge/trusted/result", "/openforge/agent/../trusted/x"):
+    try:
+        with open(path, "w") as f:
+            f.write(fake)
+        wrote.append(path)
+    except OSError:
+        pass
+found["forged_files"] = wrote
+def readable(path):
+    try:
+        with open(path) as f:
+            return f.read()[:200]
+    except OSError:
+        return None
+found["spec"] = readable("/openforge/spec/spec.json")
+found["canary"] = readable(canary)
+found["trusted_dir"] = os.path.exists("/openforge/trusted")
+visible, killed, trusted_env = [], [], []
+for pid in os.listdir("/proc"):
+    if not pid.isdigit() or int(pid) == os.getpid():
+        continue
+    cmdline = (readable(f"/proc/{pid}/cmdline") or "").replace("\0", " ")
+    visible.append(cmdline[:80])
+    environ = readable(f"/proc/{pid}/environ") or ""
+    if "OPENFORGE_TRUSTED_DIR" in environ or "OPENFORGE_SPEC_FILE" in environ:
+        trusted_env.append(pid)
+    if "supervisor" in cmdline or "verifier" in cmdline:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+            killed.append(pid)
+        except OSError:
+            pass
+found["trusted_processes_seen"] = trusted_env
+found["killed"] = killed
+found["processes"] = len(visible)
+env = {k: v for k, v in os.environ.items() if k != "OPENFORGE_SANDBOX_ID"}
+orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env,
+                          start_new_session=True)
+found["orphan"] = orphan.pid
+json.dump(found, open("attack.json", "w"))
+print("attacked")
+'''
+
+
+class AttackHarness(Harness):
+    """The adversary above (`rollout`: the rollout id to forge, `canary`: a host file)."""
+
+    def command(self, ctx: HarnessContext) -> Command:
+        return Command(argv=[sys.executable, "-c", _ATTACK, self.options["rollout"],
+                             self.options["canary"]], cwd=ctx.workspace)
+
+
+class AttackEnv(Environment):
+    """One task; passes when the workspace holds ok.txt; reports what the adversary found."""
+
+    def tasks(self, split: str | None = None) -> Iterable[Task]:
+        yield Task(id="only", prompt="write ok.txt")
+
+    def check(self, task: Task, workspace: Path, final_state: dict[str, Any]) -> RewardResult:
+        ok = (workspace / "ok.txt").exists()
+        try:
+            found = json.loads((workspace / "attack.json").read_text())
+        except (OSError, ValueError):
+            found = {}
+        return RewardResult(score=1.0 if ok else 0.0, passed=ok, details={"attack": found})

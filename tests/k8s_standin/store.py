@@ -50,6 +50,8 @@ class ObjectStore:
         self.compacted_rv = self.rv  # events at or below this are gone
         self.watchers: list[Watcher] = []
         self.listeners: list[Callable[[Event], None]] = []
+        # owner uid -> the objects that name it in their ownerReferences (for the GC)
+        self.dependents: dict[str, set[Key]] = {}
 
     def _bump(self) -> int:
         self.rv += 1
@@ -105,15 +107,28 @@ class ObjectStore:
         old = self.objects.get(key)
         meta["resourceVersion"] = str(self._bump())
         self.objects[key] = obj
+        self._index(key, old, obj)
         self._emit(Event(self.rv, "MODIFIED" if old else "ADDED", kind, copy.deepcopy(obj), old))
         return obj
 
     def remove(self, kind: str, namespace: str, name: str) -> Obj | None:
         obj = self.objects.pop((kind, namespace, name), None)
         if obj is not None:
+            self._index((kind, namespace, name), obj, None)
             obj["metadata"]["resourceVersion"] = str(self._bump())
             self._emit(Event(self.rv, "DELETED", kind, copy.deepcopy(obj)))
         return obj
+
+    def _index(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+        for obj, add in ((old, False), (new, True)):
+            for ref in (obj or {}).get("metadata", {}).get("ownerReferences") or []:
+                deps = self.dependents.setdefault(ref.get("uid", ""), set())
+                if add:
+                    deps.add(key)
+                else:
+                    deps.discard(key)
+                    if not deps:
+                        self.dependents.pop(ref.get("uid", ""), None)
 
     # -- watch ---------------------------------------------------------------------------------
 

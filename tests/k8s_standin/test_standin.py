@@ -188,3 +188,163 @@ async def test_watch_replays_from_a_version_and_410s_when_too_old(
     await core.delete_collection_namespaced_pod("default", label_selector="suite=standin",
                                                 grace_period_seconds=0)
     assert (await core.list_namespaced_pod("default", label_selector="suite=standin")).items == []
+
+
+def _ordered_pod(name: str, entrypoint_image: str = "python:3") -> client.V1Pod:
+    """A sidecar that becomes ready after writing a file, an init container that records it
+    saw the sidecar's volume, and a main container; each writes its own termination message."""
+    def box(cname: str, script: str, mounts: list[str], **kw: Any) -> client.V1Container:
+        return client.V1Container(
+            name=cname, image=entrypoint_image, args=[sys.executable, "-c", script],
+            env=[client.V1EnvVar(name="SHARED", value="/shared"),
+                 client.V1EnvVar(name="PRIVATE", value="/private"),
+                 client.V1EnvVar(name="MSG", value="/dev/termination-log")],
+            volume_mounts=[client.V1VolumeMount(name=m, mount_path=f"/{m}") for m in mounts], **kw)
+
+    sidecar = box("side", "import os, time; open(os.environ['PRIVATE'] + '/p', 'w').write('p'); "
+                  "open(os.environ['SHARED'] + '/ready', 'w').write('x'); time.sleep(600)",
+                  ["shared", "private"], restart_policy="Always",
+                  startup_probe=client.V1Probe(
+                      _exec=client.V1ExecAction(command=["test", "-e", "/shared/ready"]),
+                      period_seconds=1, failure_threshold=30))
+    init = box("init", "import os; seen = os.path.exists(os.environ['SHARED'] + '/ready'); "
+               "private = os.path.exists(os.environ['PRIVATE'] + '/p'); "
+               "open(os.environ['MSG'], 'w').write(f'init saw ready={seen} private={private}')",
+               ["shared"])
+    main = box("main", "import os; open(os.environ['MSG'], 'w').write('main ' + "
+               "os.environ.get('FROM_ENTRYPOINT', '-'))", ["shared"])
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, labels={"suite": "standin"}),
+        spec=client.V1PodSpec(restart_policy="Never", init_containers=[sidecar, init],
+                              containers=[main], termination_grace_period_seconds=1,
+                              volumes=[client.V1Volume(name="shared",
+                                                       empty_dir=client.V1EmptyDirVolumeSource()),
+                                       client.V1Volume(name="private",
+                                                       empty_dir=client.V1EmptyDirVolumeSource())]))
+
+
+async def test_init_order_sidecar_probe_volumes_and_termination_messages(
+        standin: StandIn, core: client.CoreV1Api) -> None:
+    await core.create_namespaced_pod("default", _ordered_pod("ordered"))
+    done = await until(core, "ordered", lambda p: p.status.phase in ("Succeeded", "Failed"))
+    assert done.status.phase == "Succeeded"
+    init = {s.name: s for s in done.status.init_container_statuses}
+    # The init container started after the sidecar's probe passed; it shares only the
+    # volume it mounts (the sidecar's private one is not there for it).
+    msg = init["init"].state.terminated.message
+    assert msg == "init saw ready=True private=False" if standin.isolated else \
+        msg.startswith("init saw ready=True")
+    assert done.status.container_statuses[0].state.terminated.message == "main -"
+    # The sidecar was stopped once the main container ended; its own message is empty.
+    assert init["side"].state.terminated is not None
+    await core.delete_namespaced_pod("ordered", "default")
+    await gone(core, "ordered")
+
+
+async def test_a_secret_owned_pod_waits_for_its_secret_and_goes_with_it(
+        core: client.CoreV1Api) -> None:
+    script = "import os; open(os.environ['MSG'], 'w').write(open('/s/token').read())"
+    body = pod("mounted", script)
+    body.spec.containers[0].env.append(client.V1EnvVar(name="MSG", value="/dev/termination-log"))
+    body.spec.containers[0].volume_mounts = [client.V1VolumeMount(name="s", mount_path="/s")]
+    body.spec.containers[0].command = [sys.executable, "-c", script.replace(
+        "'/s/token'", "os.environ['TOKEN_FILE']")]
+    body.spec.containers[0].env.append(client.V1EnvVar(name="TOKEN_FILE", value="/s/token"))
+    body.spec.volumes = [client.V1Volume(name="s", secret=client.V1SecretVolumeSource(
+        secret_name="mounted", items=[client.V1KeyToPath(key="t", path="token")]))]
+    await core.create_namespaced_pod("default", body)
+    await asyncio.sleep(0.5)
+    waiting = await core.read_namespaced_pod("mounted", "default")
+    assert waiting.status.phase == "Pending"  # the Secret is not there yet
+    secret = await core.create_namespaced_secret("default", client.V1Secret(
+        metadata=client.V1ObjectMeta(name="mounted"), string_data={"t": "s3cret"}))
+    done = await until(core, "mounted", lambda p: p.status.phase == "Succeeded")
+    assert done.status.container_statuses[0].state.terminated.message == "s3cret"
+    # Owned by the Secret: deleting the Secret deletes the Pod (the garbage collector).
+    await core.patch_namespaced_pod("mounted", "default", {"metadata": {"ownerReferences": [
+        {"apiVersion": "v1", "kind": "Secret", "name": "mounted", "uid": secret.metadata.uid}]}})
+    await core.delete_namespaced_secret("mounted", "default")
+    await gone(core, "mounted")
+
+
+async def test_image_entrypoint_runs_unless_command_replaces_it(
+        entrypoint_standin: StandIn) -> None:
+    api_client = await config.new_client_from_config(
+        config_file=str(entrypoint_standin.kubeconfig))
+    core = client.CoreV1Api(api_client)
+
+    async def message(name: str, **kw: Any) -> str:
+        container = client.V1Container(name="main", image="entry:1", **kw)
+        await core.create_namespaced_pod("default", client.V1Pod(
+            metadata=client.V1ObjectMeta(name=name, labels={"suite": "standin"}),
+            spec=client.V1PodSpec(containers=[container], restart_policy="Never")))
+        done = await until(core, name, lambda p: p.status.phase in ("Succeeded", "Failed"))
+        await core.delete_namespaced_pod(name, "default")
+        return str(done.status.container_statuses[0].state.terminated.exit_code)
+
+    try:
+        # The image's ENTRYPOINT is `sh -c 'exit 7' --`: `args` run under it, `command`
+        # replaces it.
+        assert await message("with-args", args=["ignored"]) == "7"
+        assert await message("with-command", command=["sh", "-c", "exit 3"]) == "3"
+    finally:
+        await api_client.close()
+
+
+@pytest.fixture(scope="module")
+def entrypoint_standin() -> Iterator[StandIn]:
+    from k8s_standin import Image
+
+    with StandIn(images={"entry:1": Image(entrypoint=["sh", "-c", "exit 7", "--"])}) as k8s:
+        yield k8s
+
+
+async def test_quota_partition_and_graceful_deletion(
+        standin: StandIn, core: client.CoreV1Api) -> None:
+    standin.set_pod_quota(0)
+    with pytest.raises(ApiException) as refused:
+        await core.create_namespaced_pod("default", pod("over-quota"))
+    assert refused.value.status == 403 and "exceeded quota" in refused.value.body
+    standin.set_pod_quota(None)
+    await core.create_namespaced_pod("default", pod("cut-off"))
+    await until(core, "cut-off", lambda p: p.status.phase == "Running")
+    before = len(standin_processes())
+    standin.partition("standin-node")
+    node = await core.read_node("standin-node")
+    assert node.status.conditions[0].status == "Unknown"
+    # A graceful delete a cut-off kubelet never carries out; a forced one removes the
+    # object while the container keeps running on the node.
+    await core.delete_namespaced_pod("cut-off", "default")
+    await asyncio.sleep(1.5)
+    assert (await core.read_namespaced_pod("cut-off", "default")).metadata.deletion_timestamp
+    await core.delete_namespaced_pod("cut-off", "default", grace_period_seconds=0)
+    await gone(core, "cut-off", timeout=1)
+    assert len(standin_processes()) == before
+    standin.reconnect("standin-node")  # back: it kills what was deleted meanwhile
+    deadline = time.monotonic() + 10
+    while standin_processes() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert standin_processes() == []
+    assert (await core.read_node("standin-node")).status.conditions[0].status == "True"
+
+
+def test_simulated_kubelet_runs_pods_on_a_schedule_with_no_processes() -> None:
+    from k8s_standin import SimContainer
+
+    def behaviour(pod: dict[str, Any], container: str, volumes: Any) -> SimContainer:
+        return SimContainer(run_s=0.05, message=f"sim {container}")
+
+    async def go(k8s: StandIn) -> client.V1Pod:
+        api_client = await config.new_client_from_config(config_file=str(k8s.kubeconfig))
+        core = client.CoreV1Api(api_client)
+        try:
+            await core.create_namespaced_pod("default", _ordered_pod("simulated"))
+            return await until(core, "simulated", lambda p: p.status.phase == "Succeeded")
+        finally:
+            await api_client.close()
+
+    with StandIn(simulate=behaviour) as k8s:
+        done = asyncio.run(go(k8s))
+        assert done.status.container_statuses[0].state.terminated.message == "sim main"
+        assert [s.name for s in done.status.init_container_statuses] == ["side", "init"]
+        assert standin_processes() == []

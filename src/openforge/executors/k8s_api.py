@@ -1,10 +1,11 @@
 """A thin, retrying adapter over the asyncio Kubernetes client (`kubernetes_asyncio`).
 
-Only the calls the executor makes: Pods (create, delete, deletecollection, list, watch,
-log) and the per-run owner ConfigMap. Transient API errors (409 Conflict other than
-AlreadyExists, 429, 5xx, connection errors) are retried with capped exponential backoff,
-honouring Retry-After; everything else is raised as `ApiException` for the caller to judge.
-Every request is counted (the benchmark reports API calls per rollout).
+Only the calls the executor makes: Pods (create, get, delete, deletecollection, list,
+watch, log), the attempts' Secrets (create, deletecollection), the per-run owner ConfigMap,
+and Nodes (list, watch). Transient API errors (409 Conflict other than AlreadyExists, 429,
+5xx, connection errors) are retried with capped exponential backoff, honouring Retry-After;
+everything else is raised as `ApiException` for the caller to judge. Every request is
+counted (the benchmark reports API calls per rollout).
 """
 
 from __future__ import annotations
@@ -144,11 +145,14 @@ class KubeApi:
                 return None
             raise
 
-    async def delete_pod(self, name: str, grace_s: int = 0) -> bool:
-        """Delete now (grace 0 by default); False when it was already gone."""
+    async def delete_pod(self, name: str, grace_s: int | None = None) -> bool:
+        """Delete gracefully (the Pod's own grace period) unless `grace_s` says otherwise;
+        False when it was already gone."""
+        grace: dict[str, Any] = {} if grace_s is None else {"grace_period_seconds": grace_s}
+
         async def delete() -> dict[str, Any]:
             resp = await self.core.delete_namespaced_pod(
-                name, self.namespace, grace_period_seconds=grace_s, _preload_content=False, _request_timeout=_TIMEOUT)
+                name, self.namespace, _preload_content=False, _request_timeout=_TIMEOUT, **grace)
             return await _json_or_raise(resp)
 
         try:
@@ -159,43 +163,92 @@ class KubeApi:
                 return False
             raise
 
-    async def delete_pods(self, label_selector: str, grace_s: int = 0) -> int:
+    async def delete_pods(self, label_selector: str, grace_s: int | None = None) -> int:
         """deletecollection by label; how many Pods it deleted."""
+        grace: dict[str, Any] = {} if grace_s is None else {"grace_period_seconds": grace_s}
+
         async def sweep() -> dict[str, Any]:
             resp = await self.core.delete_collection_namespaced_pod(
-                self.namespace, label_selector=label_selector, grace_period_seconds=grace_s,
-                _preload_content=False, _request_timeout=_TIMEOUT)
+                self.namespace, label_selector=label_selector, _preload_content=False,
+                _request_timeout=_TIMEOUT, **grace)
             return await _json_or_raise(resp)
 
         body = await self.call("deletecollection", sweep)
         return len(body.get("items") or [])
 
-    async def list_pods(self, label_selector: str) -> tuple[list[dict[str, Any]], str]:
-        """(pods, the list's resourceVersion) as plain dicts (cheaper than typed models)."""
+    async def create_secret(self, secret: client.V1Secret) -> dict[str, Any]:
+        async def create() -> dict[str, Any]:
+            resp = await self.core.create_namespaced_secret(
+                self.namespace, secret, _preload_content=False, _request_timeout=_TIMEOUT)
+            return await _json_or_raise(resp)
+
+        return await self.call("create", create)
+
+    async def delete_secret(self, name: str) -> bool:
+        async def delete() -> dict[str, Any]:
+            resp = await self.core.delete_namespaced_secret(
+                name, self.namespace, _preload_content=False, _request_timeout=_TIMEOUT)
+            return await _json_or_raise(resp)
+
+        try:
+            await self.call("delete", delete)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    async def delete_secrets(self, label_selector: str) -> int:
+        """deletecollection of Secrets by label (what they own, the garbage collector takes)."""
+        async def sweep() -> dict[str, Any]:
+            resp = await self.core.delete_collection_namespaced_secret(
+                self.namespace, label_selector=label_selector, _preload_content=False,
+                _request_timeout=_TIMEOUT)
+            return await _json_or_raise(resp)
+
+        body = await self.call("deletecollection", sweep)
+        return len(body.get("items") or [])
+
+    def _lister(self, resource: str) -> Callable[..., Awaitable[Any]]:
+        if resource == "nodes":
+            return self.core.list_node
+        return lambda **kw: self.core.list_namespaced_pod(self.namespace, **kw)
+
+    async def list_objects(self, resource: str,
+                           label_selector: str = "") -> tuple[list[dict[str, Any]], str]:
+        """(items, the list's resourceVersion) of "pods" (this namespace) or "nodes", as
+        plain dicts (cheaper than typed models)."""
+        lister = self._lister(resource)
+
         async def list_() -> dict[str, Any]:
-            resp = await self.core.list_namespaced_pod(
-                self.namespace, label_selector=label_selector, _preload_content=False, _request_timeout=_TIMEOUT)
+            resp = await lister(label_selector=label_selector, _preload_content=False,
+                                _request_timeout=_TIMEOUT)
             return await _json_or_raise(resp)
 
         body = await self.call("list", list_)
         return list(body.get("items") or []), str(body.get("metadata", {}).get("resourceVersion", ""))
 
-    async def watch_pods(self, label_selector: str, resource_version: str,
-                         timeout_s: float) -> AsyncIterator[dict[str, Any]]:
+    async def list_pods(self, label_selector: str) -> tuple[list[dict[str, Any]], str]:
+        return await self.list_objects("pods", label_selector)
+
+    async def watch_objects(self, resource: str, label_selector: str, resource_version: str,
+                            timeout_s: float) -> AsyncIterator[dict[str, Any]]:
         """Raw watch events ({"type", "object"}) until the server ends the window.
 
         Not retried here: the watcher re-lists on any failure. An ERROR event (410 Gone for a
         version older than the server's history) is yielded like any other.
         """
         self.calls["watch"] += 1
-        resp: Any = await self.core.list_namespaced_pod(
-            self.namespace, label_selector=label_selector, watch=True,
-            resource_version=resource_version, timeout_seconds=max(1, int(timeout_s)),
-            allow_watch_bookmarks=True, _preload_content=False,
+        resp: Any = await self._lister(resource)(
+            label_selector=label_selector, watch=True, resource_version=resource_version,
+            timeout_seconds=max(1, int(timeout_s)), allow_watch_bookmarks=True,
+            _preload_content=False,
             _request_timeout=aiohttp.ClientTimeout(total=None, sock_read=timeout_s + 30))
         try:
             if resp.status >= 300:
-                raise ApiException(status=resp.status, reason=await resp.text())
+                exc = ApiException(status=resp.status, reason=resp.reason)
+                exc.body = await resp.text()
+                raise exc
             while True:
                 line = await resp.content.readline()
                 if not line:
@@ -205,12 +258,12 @@ class KubeApi:
         finally:
             resp.release()
 
-    async def pod_log(self, name: str, tail_lines: int) -> str:
-        """The last lines of the Pod's log; '' when there is none to read."""
+    async def pod_log(self, name: str, container: str, tail_lines: int) -> str:
+        """The last lines of one container's log; '' when there is none to read."""
         async def read() -> str:
             return str(await self.core.read_namespaced_pod_log(
-                name, self.namespace, tail_lines=tail_lines, limit_bytes=256 * 1024,
-                _request_timeout=_TIMEOUT))
+                name, self.namespace, container=container, tail_lines=tail_lines,
+                limit_bytes=256 * 1024, _request_timeout=_TIMEOUT))
 
         try:
             return await self.call("log", read)

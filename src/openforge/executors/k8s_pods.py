@@ -1,14 +1,21 @@
-"""The Kubernetes executor's options and the Pod it creates for one rollout attempt.
+"""The Kubernetes executor's options, and the Secret and Pod it creates for one attempt.
 
-One bare Pod per attempt (`restartPolicy: Never`; the runner owns retries). The name is
-deterministic in (run, rollout, attempt), so an orchestrator that restarts finds the Pod it
-created before; labels select a run's Pods for the watch, the sweep and `--resume`; full
-ids live in annotations (label values are limited to 63 characters). The spec travels in an
-env var: a Pod cannot read the orchestrator's disk.
+One bare Pod per attempt (`restartPolicy: Never`; the runner owns retries), three containers
+(see `k8s_sandbox`): a trusted `supervisor` sidecar, the `agent` init container that runs
+only the harness, and the trusted `verifier`, the one container whose termination message
+the executor reads. The spec, with the session token, travels in a Secret of the same name,
+never in the Pod spec (anyone who may `get pods` would read it); only the supervisor mounts
+it. Ownership runs `run ConfigMap -> Secret -> Pod`: deleting the Secret lets the garbage
+collector delete the Pod gracefully, and deleting the run's ConfigMap removes everything.
+
+Names are deterministic in the attempt's identity (run, rollout id, attempt), so a restarted
+orchestrator finds the Pod it made before; labels select a run's objects for the watch, the
+sweep and `--resume`; full ids live in annotations (label values hold 63 characters).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import math
 import re
@@ -18,19 +25,32 @@ from typing import Any, Literal
 from kubernetes_asyncio.client import models as k8s
 from pydantic import BaseModel, ConfigDict, Field
 
+from openforge.executors.k8s_sandbox import (
+    AGENT,
+    AGENT_DIR_ENV,
+    READY,
+    SPEC_FILE_ENV,
+    SUPERVISOR,
+    TERMINATION_LOG_ENV,
+    TRUSTED_DIR_ENV,
+    VERIFIER,
+    WORKSPACE_ENV,
+)
 from openforge.types import RolloutSpec
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 RUN_LABEL = "openforge.io/run-id"
 ROLLOUT_LABEL = "openforge.io/rollout-id"
+TASK_LABEL = "openforge.io/task-id"
 ATTEMPT_LABEL = "openforge.io/attempt"
 DIGEST_ANNOTATION = "openforge.io/spec-digest"
-CONTAINER = "rollout"
 TERMINATION_LOG = "/dev/termination-log"
-SPEC_ENV = "OPENFORGE_SPEC"
-TERMINATION_LOG_ENV = "OPENFORGE_TERMINATION_LOG"
-# One env string must stay under Linux's MAX_ARG_STRLEN (128 KiB) or exec fails in the Pod.
-MAX_SPEC_BYTES = 120_000
+SPEC_KEY = "spec.json"
+# Where each volume is mounted, in the containers that mount it.
+MOUNTS = {"workspace": "/openforge/workspace", "agent": "/openforge/agent",
+          "trusted": "/openforge/trusted", "spec": "/openforge/spec"}
+# A Secret holds at most 1 MiB (base64 of the spec, plus the object's metadata).
+MAX_SPEC_BYTES = 700_000
 
 
 class KubernetesOptions(BaseModel):
@@ -44,13 +64,21 @@ class KubernetesOptions(BaseModel):
     namespace: str = "default"
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     image_pull_secrets: list[str] = Field(default_factory=list)
-    command: list[str] = Field(default_factory=lambda: ["python", "-m", "openforge.rollout"],
-                               min_length=1)
-    env: dict[str, str] = Field(default_factory=dict)
+    # The image's Python (it runs `-m openforge.executors.k8s_sandbox ROLE` as each
+    # container's `args`, under the image's own ENTRYPOINT, e.g. tini).
+    python: str = "python"
+    # Replaces the image's ENTRYPOINT when set (the container's `command`).
+    entrypoint: list[str] | None = None
+    env: dict[str, str] = Field(default_factory=dict)  # added to the agent container
     # The gateway URL as Pods must reach it (a Service); default: the runner's own URL.
     gateway_url: str | None = None
+    # The agent container's resources (it runs the harness).
     requests: dict[str, str] = Field(default_factory=lambda: {"cpu": "1", "memory": "1Gi"})
     limits: dict[str, str] = Field(default_factory=lambda: {"memory": "4Gi"})
+    # The supervisor's (it runs the environment's services).
+    supervisor_requests: dict[str, str] = Field(
+        default_factory=lambda: {"cpu": "100m", "memory": "256Mi"})
+    supervisor_limits: dict[str, str] = Field(default_factory=dict)
     runtime_class: str | None = None
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
@@ -59,11 +87,16 @@ class KubernetesOptions(BaseModel):
     max_concurrency: int = Field(64, ge=1)  # Pods in flight
     create_qps: float = Field(20.0, gt=0)  # Pod creations per second (token bucket)
     create_burst: int = Field(10, ge=1)
-    pending_timeout_s: float = Field(600.0, gt=0)  # scheduling + image pull
+    pending_timeout_s: float = Field(600.0, gt=0)  # scheduling + image pull + preparing
+    image_pull_timeout_s: float = Field(300.0, gt=0)  # transient pull errors, at most
+    admission_wait_s: float = Field(600.0, ge=0)  # quota / admission refusals, at most
+    node_lost_s: float = Field(60.0, gt=0)  # a lost node fails its Pods after this
+    watch_nodes: bool = True  # needs nodes get/list/watch (deploy/kubernetes/rbac.yaml)
     kill_margin_s: float = Field(30.0, ge=0)  # client-side wait past the run timeout
     deadline_slack_s: float = Field(15.0, ge=0)  # activeDeadlineSeconds past the timeouts
     termination_grace_s: int = Field(5, ge=0)
-    resync_s: float = Field(30.0, gt=0)  # watch window; a fresh list after each
+    force_delete_after_s: float = Field(10.0, ge=0)  # past the grace period
+    resync_s: float = Field(30.0, gt=0)  # a fresh list at least this often
     api_retries: int = Field(5, ge=0)
     backoff_s: float = Field(0.5, gt=0)
     backoff_max_s: float = Field(10.0, gt=0)
@@ -94,13 +127,17 @@ def label_value(text: str) -> str:
 
 
 def pod_name(spec: RolloutSpec) -> str:
-    """`of-<rollout slug>-a<attempt>-<hash>`: deterministic, a DNS label (<= 63 chars)."""
+    """`of-<rollout slug>-a<attempt>-<hash>`: deterministic, a DNS label (<= 63 chars).
+
+    The rollout id names one try of one attempt; a resumed run that continues the same try
+    reuses it (and so the name), which is how it finds the Pod again.
+    """
     return f"of-{_slug(spec.rollout_id, 36) or 'r'}-a{spec.attempt}-" \
            f"{_digest(spec.run_id, spec.rollout_id, str(spec.attempt))}"
 
 
 def owner_name(run_id: str) -> str:
-    """The per-run ConfigMap that owns the run's Pods (deleting it garbage-collects them)."""
+    """The per-run ConfigMap that owns the run's Secrets (and, through them, its Pods)."""
     return f"openforge-run-{_slug(run_id, 30) or 'run'}-{_digest(run_id, size=8)}"
 
 
@@ -108,9 +145,16 @@ def run_selector(run_id: str) -> str:
     return f"{MANAGED_BY}=openforge,{RUN_LABEL}={label_value(run_id)}"
 
 
-def spec_digest(spec: RolloutSpec) -> str:
+def in_pod_spec(spec: RolloutSpec, options: KubernetesOptions) -> RolloutSpec:
+    """The spec as the Pod gets it: the gateway as Pods reach it."""
+    if options.gateway_url is None:
+        return spec
+    return spec.model_copy(update={"gateway_url": options.gateway_url})
+
+
+def spec_digest(spec: RolloutSpec, options: KubernetesOptions) -> str:
     """Identifies the exact attempt a Pod was made for: only that attempt may adopt it."""
-    return _digest(spec.model_dump_json(), size=16)
+    return _digest(in_pod_spec(spec, options).model_dump_json(), size=16)
 
 
 def deadline_seconds(spec: RolloutSpec, options: KubernetesOptions) -> int:
@@ -118,48 +162,107 @@ def deadline_seconds(spec: RolloutSpec, options: KubernetesOptions) -> int:
     return max(1, math.ceil(options.pending_timeout_s + spec.timeout_s + options.deadline_slack_s))
 
 
-def build_pod(spec: RolloutSpec, options: KubernetesOptions,
-              owner: k8s.V1OwnerReference | None) -> k8s.V1Pod:
-    """The Pod for one attempt, built from typed models (a misspelled field fails here)."""
-    in_pod = spec if options.gateway_url is None else \
-        spec.model_copy(update={"gateway_url": options.gateway_url})
-    spec_json = in_pod.model_dump_json()
+def _labels(spec: RolloutSpec, options: KubernetesOptions) -> dict[str, str]:
+    return {**options.labels, MANAGED_BY: "openforge", RUN_LABEL: label_value(spec.run_id),
+            ROLLOUT_LABEL: label_value(spec.rollout_id), TASK_LABEL: label_value(spec.task.id),
+            ATTEMPT_LABEL: str(spec.attempt)}
+
+
+def build_secret(spec: RolloutSpec, options: KubernetesOptions,
+                 owner: k8s.V1OwnerReference | None) -> k8s.V1Secret:
+    """The attempt's Secret: the spec, session token included, for the supervisor only."""
+    spec_json = in_pod_spec(spec, options).model_dump_json()
     if len(spec_json.encode()) > MAX_SPEC_BYTES:
-        raise ValueError(f"the rollout spec is {len(spec_json.encode())} bytes; a Pod env var "
-                         f"holds at most {MAX_SPEC_BYTES}: keep task data small (point at files)")
-    env = [k8s.V1EnvVar(name=k, value=v) for k, v in sorted(options.env.items())]
-    env += [
-        k8s.V1EnvVar(name=SPEC_ENV, value=spec_json),
-        k8s.V1EnvVar(name=TERMINATION_LOG_ENV, value=TERMINATION_LOG),
-        k8s.V1EnvVar(name="OPENFORGE_ROLLOUT_ID", value=spec.rollout_id),
-        k8s.V1EnvVar(name="OPENFORGE_PROXY_URL", value=in_pod.session_url),
-        k8s.V1EnvVar(name="OPENFORGE_POD_NAME", value_from=k8s.V1EnvVarSource(
-            field_ref=k8s.V1ObjectFieldSelector(field_path="metadata.name"))),
-        k8s.V1EnvVar(name="PYTHONUNBUFFERED", value="1"),
-    ]
-    labels = {**options.labels, MANAGED_BY: "openforge", RUN_LABEL: label_value(spec.run_id),
-              ROLLOUT_LABEL: label_value(spec.rollout_id), ATTEMPT_LABEL: str(spec.attempt)}
+        raise ValueError(f"the rollout spec is {len(spec_json.encode())} bytes; a Secret "
+                         f"holds at most {MAX_SPEC_BYTES}: keep task data small (point at "
+                         "files the image or a volume provides)")
+    return k8s.V1Secret(
+        api_version="v1", kind="Secret", type="Opaque",
+        metadata=k8s.V1ObjectMeta(name=pod_name(spec), namespace=options.namespace,
+                                  labels=_labels(spec, options),
+                                  owner_references=[owner] if owner else None),
+        data={SPEC_KEY: base64.b64encode(spec_json.encode()).decode()})
+
+
+def _mount(volume: str, read_only: bool = False) -> k8s.V1VolumeMount:
+    return k8s.V1VolumeMount(name=volume, mount_path=MOUNTS[volume], read_only=read_only or None)
+
+
+def _hardened() -> k8s.V1SecurityContext:
+    return k8s.V1SecurityContext(allow_privilege_escalation=False, run_as_non_root=True,
+                                 capabilities=k8s.V1Capabilities(drop=["ALL"]))
+
+
+def build_pod(spec: RolloutSpec, options: KubernetesOptions,
+              secret: k8s.V1OwnerReference | None) -> k8s.V1Pod:
+    """The Pod for one attempt, built from typed models (a misspelled field fails here).
+
+    `secret` is the attempt's Secret as an owner reference (None only in tests that build
+    a Pod on its own): the Pod goes when the Secret does.
+    """
+    def role(name: str) -> dict[str, Any]:
+        return {"name": name, "image": options.image,
+                "image_pull_policy": options.image_pull_policy,
+                "command": list(options.entrypoint) if options.entrypoint else None,
+                "args": [options.python, "-m", "openforge.executors.k8s_sandbox", name],
+                "security_context": _hardened()}
+
+    def env(values: dict[str, str]) -> list[k8s.V1EnvVar]:
+        return [k8s.V1EnvVar(name=k, value=v) for k, v in values.items()]
+
+    paths = {WORKSPACE_ENV: MOUNTS["workspace"], AGENT_DIR_ENV: MOUNTS["agent"]}
+    supervisor = k8s.V1Container(
+        **role(SUPERVISOR), restart_policy="Always",  # a native sidecar
+        env=env({**paths, TRUSTED_DIR_ENV: MOUNTS["trusted"],
+                 SPEC_FILE_ENV: f"{MOUNTS['spec']}/{SPEC_KEY}", "PYTHONUNBUFFERED": "1"}),
+        volume_mounts=[_mount("workspace"), _mount("agent"), _mount("trusted"),
+                       _mount("spec", read_only=True)],
+        resources=k8s.V1ResourceRequirements(requests=options.supervisor_requests or None,
+                                             limits=options.supervisor_limits or None),
+        # The agent starts once this passes: the workspace and services are ready.
+        startup_probe=k8s.V1Probe(
+            _exec=k8s.V1ExecAction(command=["test", "-e", f"{MOUNTS['trusted']}/{READY}"]),
+            period_seconds=1, failure_threshold=max(1, math.ceil(options.pending_timeout_s))))
+    agent = k8s.V1Container(
+        **role(AGENT),
+        env=env({**dict(sorted(options.env.items())), **paths,
+                 "HOME": f"{MOUNTS['agent']}/home", "PYTHONUNBUFFERED": "1"}),
+        volume_mounts=[_mount("workspace"), _mount("agent")],
+        resources=k8s.V1ResourceRequirements(requests=options.requests or None,
+                                             limits=options.limits or None))
+    verifier = k8s.V1Container(
+        **role(VERIFIER),
+        env=env({TRUSTED_DIR_ENV: MOUNTS["trusted"], TERMINATION_LOG_ENV: TERMINATION_LOG}),
+        volume_mounts=[_mount("trusted")],
+        resources=k8s.V1ResourceRequirements(requests={"cpu": "10m", "memory": "32Mi"}),
+        termination_message_path=TERMINATION_LOG,
+        termination_message_policy="FallbackToLogsOnError")
     annotations = {**options.annotations, "openforge.io/run-id-full": spec.run_id,
                    "openforge.io/rollout-id-full": spec.rollout_id,
-                   "openforge.io/task-id": spec.task.id, DIGEST_ANNOTATION: spec_digest(spec)}
-    container = k8s.V1Container(
-        name=CONTAINER, image=options.image, image_pull_policy=options.image_pull_policy,
-        command=list(options.command), env=env,
-        resources=k8s.V1ResourceRequirements(requests=options.requests or None,
-                                             limits=options.limits or None),
-        termination_message_path=TERMINATION_LOG,
-        termination_message_policy="FallbackToLogsOnError",
-        security_context=k8s.V1SecurityContext(allow_privilege_escalation=False))
+                   "openforge.io/task-id-full": spec.task.id,
+                   DIGEST_ANNOTATION: spec_digest(spec, options)}
+    empty = k8s.V1EmptyDirVolumeSource()
     return k8s.V1Pod(
         api_version="v1", kind="Pod",
         metadata=k8s.V1ObjectMeta(name=pod_name(spec), namespace=options.namespace,
-                                  labels=labels, annotations=annotations,
-                                  owner_references=[owner] if owner else None),
+                                  labels=_labels(spec, options), annotations=annotations,
+                                  owner_references=[secret] if secret else None),
         spec=k8s.V1PodSpec(
-            restart_policy="Never", containers=[container],
+            restart_policy="Never", init_containers=[supervisor, agent],
+            containers=[verifier],
+            volumes=[k8s.V1Volume(name="workspace", empty_dir=empty),
+                     k8s.V1Volume(name="agent", empty_dir=empty),
+                     k8s.V1Volume(name="trusted", empty_dir=empty),
+                     # Readable by the image's user whoever it is: only the supervisor
+                     # mounts it.
+                     k8s.V1Volume(name="spec", secret=k8s.V1SecretVolumeSource(
+                         secret_name=pod_name(spec), default_mode=0o444,
+                         items=[k8s.V1KeyToPath(key=SPEC_KEY, path=SPEC_KEY)]))],
             active_deadline_seconds=deadline_seconds(spec, options),
             termination_grace_period_seconds=options.termination_grace_s,
             automount_service_account_token=False, enable_service_links=False,
+            security_context=k8s.V1PodSecurityContext(
+                seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
             runtime_class_name=options.runtime_class,
             node_selector=options.node_selector or None,
             tolerations=[k8s.V1Toleration(**_snake_keys(t)) for t in options.tolerations] or None,

@@ -1,23 +1,65 @@
-"""A rollout's result as a Kubernetes Pod reports it, when the gateway never got it.
+"""What a Pod's status says about its attempt: the result, or why there is none.
 
-The rollout POSTs its `RolloutResult` to the gateway (primary). Inside a Pod it also writes a
-compact copy to the termination message (at most 4 KiB, kept in the Pod status, so it costs
-no extra API call), and prints the full one as the last log line. This module writes the
-compact copy (in the Pod) and turns a finished Pod's status back into a `RolloutResult`.
+The result travels in exactly one place: the termination message of the Pod's `verifier`
+container (at most 4 KiB, kept in the Pod status, so it costs no API call), written by
+trusted code after the agent's container ended. Nothing the agent writes (its own log, its
+own termination message, a file) is ever read as a result.
+
+When there is no result, the Pod says why, and the Pod-level reason wins over container
+exit codes: an eviction kills containers with 137, a deadline with 143, yet the cause is
+the eviction or the deadline. Image-pull errors are told apart: a missing image or a
+refused credential is permanent (another try cannot help), a registry's 429 / 5xx / time-out
+is transient (the kubelet retries with back-off; the executor waits, up to a bound).
+These functions only read; the executor decides what to do.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from typing import Any
 
 from openforge.types import RolloutResult
 
 RESULT_PREFIX = "OPENFORGE_RESULT "
 MAX_MESSAGE = 4096
-IMAGE_ERRORS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
-                          "ErrImageNeverPull", "CreateContainerConfigError",
-                          "CreateContainerError", "RunContainerError"})
+Pod = dict[str, Any]
+
+# Waiting reasons of a container that cannot start.
+_NEVER_STARTS = frozenset({"InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError",
+                           "CreateContainerError", "RunContainerError"})
+_PULLING = frozenset({"ErrImagePull", "ImagePullBackOff"})
+# What registries and runtimes say when the image will never come (containerd, CRI-O, Docker).
+_PERMANENT_PULL = re.compile(
+    r"not found|manifest unknown|name unknown|pull access denied|repository does not exist|"
+    r"unauthorized|authentication required|denied|invalid reference format|"
+    r"no match for platform|does not exist or no pull access", re.IGNORECASE)
+# Pod-level reasons a kubelet or controller sets on a Pod it ends.
+_POD_REASONS = {"Evicted": "evicted by its node", "DeadlineExceeded": "past activeDeadlineSeconds",
+                "NodeLost": "its node was lost", "Shutdown": "its node shut down",
+                "Terminated": "its node shut down", "UnexpectedAdmissionError": "refused by its node",
+                "OutOfcpu": "refused by its node (out of cpu)",
+                "OutOfmemory": "refused by its node (out of memory)",
+                "NodeAffinity": "refused by its node (affinity)"}
+# DisruptionTarget condition reasons (Kubernetes 1.26+).
+_DISRUPTIONS = {"PreemptionByScheduler": "preempted by the scheduler",
+                "TerminationByKubelet": "ended by its node (pressure or shutdown)",
+                "DeletionByTaintManager": "deleted because its node became unreachable",
+                "EvictionByEvictionAPI": "evicted through the Eviction API (a drain?)",
+                "DeletionByPodGC": "garbage-collected: its node no longer exists"}
+
+
+@dataclass
+class Cause:
+    """Why an attempt has no result: `status` for the `RolloutResult`, and one line."""
+
+    status: str  # infra_error or timeout
+    message: str
+    permanent: bool = False
+
+
+# -- the result ----------------------------------------------------------------------------------
 
 
 def compact_message(result: RolloutResult) -> str:
@@ -34,18 +76,6 @@ def compact_message(result: RolloutResult) -> str:
     return line if len(line.encode()) <= MAX_MESSAGE else ""
 
 
-def write_termination_message(path: str, result: RolloutResult) -> None:
-    """Write the compact result where the kubelet reads the termination message."""
-    message = compact_message(result)
-    if not message:
-        return
-    try:
-        with open(path, "w") as f:
-            f.write(message)
-    except OSError:
-        pass  # not in a Pod (or no such mount): the gateway and the log carry the result
-
-
 def parse_result(text: str) -> RolloutResult | None:
     """The last `OPENFORGE_RESULT` line of `text` as a result, if there is a valid one."""
     for line in reversed(text.splitlines()):
@@ -57,25 +87,102 @@ def parse_result(text: str) -> RolloutResult | None:
     return None
 
 
-def container_state(pod: dict[str, Any]) -> dict[str, Any]:
-    """The `state` of the Pod's first container ({} before the kubelet reported one)."""
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    return (statuses[0].get("state") or {}) if statuses else {}
+# -- container states ----------------------------------------------------------------------------
 
 
-def waiting_error(pod: dict[str, Any]) -> tuple[str, str] | None:
-    """(reason, message) when the container can never start (bad image, bad config)."""
-    waiting = container_state(pod).get("waiting") or {}
-    reason = waiting.get("reason", "")
-    if reason in IMAGE_ERRORS:
-        return reason, waiting.get("message", "")
+def statuses(pod: Pod) -> list[dict[str, Any]]:
+    """Every container's status: init containers (sidecars included) first."""
+    status = pod.get("status") or {}
+    return list(status.get("initContainerStatuses") or []) + \
+        list(status.get("containerStatuses") or [])
+
+
+def container(pod: Pod, name: str) -> dict[str, Any]:
+    """The status of the container `name` ({} before the kubelet reported it)."""
+    return next((s for s in statuses(pod) if s.get("name") == name), {})
+
+
+def terminated(pod: Pod, name: str) -> dict[str, Any]:
+    return (container(pod, name).get("state") or {}).get("terminated") or {}
+
+
+def started(pod: Pod) -> bool:
+    """Whether any container of the Pod has started (the run timeout counts from then)."""
+    return any("running" in (s.get("state") or {}) or "terminated" in (s.get("state") or {})
+               for s in statuses(pod))
+
+
+def waiting_reason(pod: Pod) -> str:
+    for s in statuses(pod):
+        waiting = (s.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") not in (None, "PodInitializing"):
+            return str(waiting["reason"])
+    return str((pod.get("status") or {}).get("phase") or "Pending")
+
+
+def start_problem(pod: Pod) -> tuple[Cause, bool] | None:
+    """(cause, transient) when a container cannot start: transient image pulls may recover."""
+    for s in statuses(pod):
+        waiting = (s.get("state") or {}).get("waiting") or {}
+        reason, message = waiting.get("reason", ""), waiting.get("message", "")
+        where = f"container {s.get('name')}: {reason}: {message}".rstrip(": ")
+        if reason in _NEVER_STARTS:
+            return Cause("infra_error", f"cannot start: {where}", permanent=True), False
+        if reason in _PULLING:
+            if _PERMANENT_PULL.search(message):
+                return Cause("infra_error", f"image cannot be pulled: {where}", permanent=True), \
+                    False
+            return Cause("infra_error", f"image pull kept failing: {where}"), True
     return None
 
 
-def unschedulable(pod: dict[str, Any]) -> str | None:
+def unschedulable(pod: Pod) -> str | None:
     """The scheduler's message when it could not place the Pod."""
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False" \
                 and cond.get("reason") == "Unschedulable":
             return str(cond.get("message") or "no node fits the Pod")
+    return None
+
+
+# -- why a Pod ended (or is ending) without a result ---------------------------------------------
+
+
+def disruption(pod: Pod) -> str | None:
+    """The DisruptionTarget condition, as one line, when a controller is ending the Pod."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            reason = str(cond.get("reason") or "")
+            what = _DISRUPTIONS.get(reason, "being ended by the cluster")
+            return f"{what} ({reason}: {cond.get('message') or ''})".replace(": )", ")")
+    return None
+
+
+def node_lost(pod: Pod) -> str | None:
+    """The Pod itself says its node is lost: phase Unknown, or reason NodeLost."""
+    status = pod.get("status") or {}
+    if status.get("phase") == "Unknown":
+        return "phase Unknown (its node stopped reporting)"
+    if status.get("reason") == "NodeLost":
+        return f"its node was lost: {status.get('message') or ''}".rstrip(": ")
+    return None
+
+
+def pod_level_cause(pod: Pod) -> Cause | None:
+    """Why a Pod ended, from the Pod, not its containers' exit codes: the Pod's reason, a
+    disruption, an OOM kill (in any container)."""
+    status = pod.get("status") or {}
+    reason, message = status.get("reason") or "", status.get("message") or ""
+    if reason == "DeadlineExceeded":
+        return Cause("timeout", f"past activeDeadlineSeconds, killed by the kubelet ({message})")
+    if reason:
+        what = _POD_REASONS.get(reason, "ended by the cluster")
+        return Cause("infra_error", f"{what} ({reason}: {message})".replace(": )", ")"))
+    if why := disruption(pod):
+        return Cause("infra_error", why)
+    for s in statuses(pod):
+        term = (s.get("state") or {}).get("terminated") or {}
+        if term.get("reason") == "OOMKilled":
+            return Cause("infra_error", f"container {s.get('name')} was OOMKilled: it needs a "
+                         "higher memory limit (executor option limits.memory)")
     return None

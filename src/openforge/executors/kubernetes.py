@@ -1,21 +1,34 @@
 """The `kubernetes` executor: one bare Pod per rollout attempt.
 
-Per attempt: a Pod with a deterministic name (`k8s_pods.pod_name`), run labels, an
-`activeDeadlineSeconds` backstop, requests/limits, no service-account token, the spec in an
-env var; it runs `python -m openforge.rollout`, which POSTs the result to the gateway and
-leaves a compact copy in the termination message. The executor waits on one shared watch
-per run (`k8s_watch`), fails fast on image-pull errors and rejected specs, bounds Pods in
-flight and the creation rate, retries transient API errors (`k8s_api`).
+Per attempt, two objects (see `k8s_pods`): a Secret holding the spec (session token
+included), owned by the run's ConfigMap, and the Pod, owned by the Secret: a trusted
+supervisor sidecar, the agent container that runs only the harness, and the trusted
+verifier whose termination message is the only result the executor reads (`k8s_result`).
 
-Cleanup, four layers: (1) every attempt deletes its Pod with grace 0 in `finally`, also on
-cancellation; (2) a label sweep of the run's Pods at start (after the adoption window) and
-at close; (3) `activeDeadlineSeconds` stops a Pod nobody deletes; (4) every Pod is owned by a
-per-run ConfigMap, so deleting it (or `kubectl delete cm openforge-run-...`) lets the
-cluster's garbage collector remove what an orchestrator that died left behind.
+Following a Pod: one shared watch per run (`k8s_watch`) fans updates out to the waiting
+rollouts; a Node watch sees a lost node. The executor tells apart what a real cluster does
+to Pods, and labels each: a permanent image-pull failure ends the attempt for good (no
+retry), a transient one is waited out up to `image_pull_timeout_s`; a ResourceQuota or an
+admission policy that refuses the Pod is waited out with back-off up to
+`admission_wait_s` (shown in the run's progress line, never burning tries); a node that is
+NotReady, gone, or a Pod in phase Unknown fails the attempt after `node_lost_s`, saying so;
+an eviction, a deadline, an OOM kill or a preemption is reported as such, not as the exit
+code it caused.
 
-Restart: a new executor finds the run's Pods by label. A `run(spec)` for an attempt whose
-Pod exists and was made from the same spec adopts it instead of creating another; Pods no
-attempt claims within `adopt_window_s` are deleted.
+Deletion is graceful first: a finished attempt's Secret is deleted (batched: one
+deletecollection for many attempts) and the garbage collector deletes its Pod; a Pod still
+running gets a graceful delete; only a Pod still there after its grace period (a node that
+does not answer) is force-deleted, and that is logged: its containers may still run.
+
+Cleanup layers: the above in `finally` (also on cancellation); a label sweep of the run's
+Pods and Secrets at start (after the adoption window) and at close;
+`activeDeadlineSeconds` stops a Pod nobody deletes; deleting the run's ConfigMap lets the
+garbage collector remove everything a dead orchestrator left.
+
+Restart: a new executor lists the run's Pods. A `run(spec)` whose Pod exists and was made
+from the same spec adopts it (follows it to its end, or collects the result it already
+has) instead of creating another (`adoptable` tells the runner beforehand); Pods no attempt
+claims within `adopt_window_s` are deleted.
 """
 
 from __future__ import annotations
@@ -25,8 +38,10 @@ import contextlib
 import importlib.util
 import logging
 import os
+import random
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,10 +68,11 @@ from openforge.executors.k8s_api import KubeApi, RateLimiter, message_of, reason
 from openforge.executors.k8s_pods import (  # noqa: E402
     DIGEST_ANNOTATION,
     MANAGED_BY,
+    ROLLOUT_LABEL,
     RUN_LABEL,
     KubernetesOptions,
     build_pod,
-    deadline_seconds,
+    build_secret,
     label_value,
     owner_name,
     pod_name,
@@ -64,15 +80,24 @@ from openforge.executors.k8s_pods import (  # noqa: E402
     spec_digest,
 )
 from openforge.executors.k8s_result import (  # noqa: E402
-    container_state,
+    disruption,
+    node_lost,
     parse_result,
+    pod_level_cause,
+    start_problem,
+    started,
+    terminated,
     unschedulable,
-    waiting_error,
+    waiting_reason,
 )
-from openforge.executors.k8s_watch import PodWatcher  # noqa: E402
+from openforge.executors.k8s_sandbox import AGENT, VERIFIER  # noqa: E402
+from openforge.executors.k8s_watch import NodeWatcher, PodWatcher, wall_clock  # noqa: E402
 
 log = logging.getLogger("openforge.executors.kubernetes")
+Obj = dict[str, Any]
 _SYNC_TIMEOUT_S = 60.0
+_REAP_EVERY_S = 0.05  # Secrets of finished attempts are deleted in batches this often
+_REAP_BATCH = 100
 
 
 @dataclass
@@ -88,14 +113,79 @@ class _RunScope:
     """What the executor holds for one run id: its owner, its watch, Pods found at start."""
 
     run_id: str
-    watcher: PodWatcher
+    pods: PodWatcher
     owner: V1OwnerReference | None
-    found: dict[str, dict[str, Any]] = field(default_factory=dict)
+    found: dict[str, Obj] = field(default_factory=dict)
     sweeper: asyncio.Task[None] | None = None
 
 
+def refusal(exc: ApiException) -> tuple[str, str]:
+    """How to take a refused create: ("wait", why) for a quota or an admission policy
+    (capacity may come back), ("permanent", why) for a spec or a permission that is wrong."""
+    message = message_of(exc)
+    if exc.status == 403 and "exceeded quota" in message:
+        return "wait", "quota"
+    if exc.status in (400, 403, 422) and any(s in message for s in (
+            "admission webhook", "denied the request", "ValidatingAdmissionPolicy",
+            "denied request")):
+        return "wait", "admission"
+    if exc.status in (401, 403):
+        return "permanent", (f"{message}; check the RBAC in deploy/kubernetes/rbac.yaml")
+    if exc.status in (400, 422):
+        return "permanent", message
+    return "error", message
+
+
+class _SecretReaper:
+    """Deletes the Secrets of finished attempts, one deletecollection per batch of them; the
+    garbage collector then deletes the Pods they own."""
+
+    def __init__(self, api: Callable[[], Awaitable[KubeApi]]) -> None:
+        self._api = api
+        self._queue: dict[str, set[str]] = {}  # run label -> rollout labels
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.batches = 0
+
+    def add(self, run_id: str, rollout_id: str) -> None:
+        self._queue.setdefault(label_value(run_id), set()).add(label_value(rollout_id))
+        self._wake.set()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            await asyncio.sleep(_REAP_EVERY_S)  # let a batch gather
+            self._wake.clear()
+            await self.flush()
+
+    async def flush(self) -> None:
+        api = await self._api()
+        for run, rollouts in list(self._queue.items()):
+            while rollouts:
+                batch = sorted(rollouts)[:_REAP_BATCH]
+                rollouts.difference_update(batch)
+                selector = f"{MANAGED_BY}=openforge,{RUN_LABEL}={run}," \
+                           f"{ROLLOUT_LABEL} in ({','.join(batch)})"
+                try:
+                    await api.delete_secrets(selector)
+                    self.batches += 1
+                except Exception as exc:  # the sweep at close and the owner GC are backstops
+                    log.warning("could not delete %d Secrets: %s", len(batch), exc)
+            self._queue.pop(run, None)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.flush()
+
+
 class KubernetesExecutor(Executor):
-    """One bare Pod per attempt on a Kubernetes cluster; results via the gateway."""
+    """One bare Pod per attempt on a Kubernetes cluster; the result in its status."""
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -110,9 +200,12 @@ class KubernetesExecutor(Executor):
         _check_kubeconfig(self.config.kubeconfig)
         self._api: KubeApi | None = None
         self._scopes: dict[str, _RunScope] = {}
+        self._nodes: NodeWatcher | None = None
         self._lock = asyncio.Lock()
         self._slots = asyncio.Semaphore(self.config.max_concurrency)
         self._limiter = RateLimiter(self.config.create_qps, self.config.create_burst)
+        self._reaper = _SecretReaper(self._connect)
+        self._waiting: dict[str, str] = {}  # Pod name -> what it waits for (progress line)
         self.stats: Counter[str] = Counter()
         self._calls: Counter[str] = Counter()
 
@@ -121,7 +214,13 @@ class KubernetesExecutor(Executor):
         c = self.config
         runtime = f", runtimeClass {c.runtime_class}" if c.runtime_class else ""
         return (f"sandbox: Kubernetes Pods in namespace {c.namespace} (image {c.image}{runtime}, "
-                f"at most {c.max_concurrency} at a time)")
+                f"at most {c.max_concurrency} at a time; the agent's container holds no "
+                "credential but its model-call token, results come from a verifier container)")
+
+    def progress(self) -> str:
+        """What rollouts are waiting for right now, for the run's progress line ('' if none)."""
+        counts = Counter(self._waiting.values())
+        return ", ".join(f"{n} waiting for {what}" for what, n in sorted(counts.items()))
 
     @property
     def api_calls(self) -> Counter[str]:
@@ -144,11 +243,24 @@ class KubernetesExecutor(Executor):
                     f"cannot load the Kubernetes client configuration from {where}: {exc}") from None
         return self._api
 
+    def _watch_nodes(self, api: KubeApi) -> None:
+        if self._nodes is not None or not self.config.watch_nodes:
+            return
+        self._nodes = NodeWatcher(api, self.config.resync_s)
+
+        def nudge(node: str) -> None:
+            for scope in self._scopes.values():
+                scope.pods.nudge_node(node)
+
+        self._nodes.listeners.append(nudge)
+        self._nodes.start()
+
     async def _scope(self, run_id: str) -> _RunScope:
         async with self._lock:
             if run_id in self._scopes:
                 return self._scopes[run_id]
             api = await self._connect()
+            self._watch_nodes(api)
             owner = None
             if self.config.owner_reference:
                 labels = {MANAGED_BY: "openforge", RUN_LABEL: label_value(run_id)}
@@ -166,7 +278,10 @@ class KubernetesExecutor(Executor):
                 raise KubernetesExecutorError(
                     f"cannot list Pods in namespace {self.config.namespace} "
                     f"within {_SYNC_TIMEOUT_S:g}s") from None
-            scope = _RunScope(run_id, watcher, owner, found=dict(watcher.pods))
+            if watcher.forbidden is not None:
+                await watcher.stop()
+                raise watcher.forbidden
+            scope = _RunScope(run_id, watcher, owner, found=dict(watcher.objects))
             if scope.found:
                 log.info("found %d Pods of run %s from an earlier orchestrator",
                          len(scope.found), run_id)
@@ -178,21 +293,35 @@ class KubernetesExecutor(Executor):
         """After the adoption window, delete the found Pods no attempt claimed."""
         await asyncio.sleep(self.config.adopt_window_s)
         api = await self._connect()
-        for name in list(scope.found):
+        for name, pod in list(scope.found.items()):
             scope.found.pop(name, None)
+            rollout = (pod["metadata"].get("annotations") or {}).get("openforge.io/rollout-id-full")
+            if rollout:
+                self._reaper.add(scope.run_id, rollout)
             with contextlib.suppress(Exception):
                 if await api.delete_pod(name):
                     self.stats["swept"] += 1
 
+    async def adoptable(self, spec: RolloutSpec) -> bool:
+        """Whether `run(spec)` would adopt a Pod an earlier orchestrator made for this very
+        attempt (alive, or finished with its result still in its status)."""
+        try:
+            scope = await self._scope(spec.run_id)
+        except Exception:
+            return False
+        found = scope.found.get(pod_name(spec))
+        return found is not None and _digest_of(found) == spec_digest(spec, self.config)
+
     # -- one attempt ---------------------------------------------------------------------------
 
     async def run(self, spec: RolloutSpec) -> RolloutResult:
-        started = time.monotonic()
+        started_at = time.monotonic()
 
-        def failed(status: str, error: str, **extra: Any) -> RolloutResult:
+        def failed(status: str, error: str, permanent: bool = False) -> RolloutResult:
             return RolloutResult(rollout_id=spec.rollout_id, task_id=spec.task.id,
                                  attempt=spec.attempt, status=status,  # type: ignore[arg-type]
-                                 error=error, duration_s=time.monotonic() - started, **extra)
+                                 error=error, permanent=permanent,
+                                 duration_s=time.monotonic() - started_at)
 
         try:
             scope = await self._scope(spec.run_id)
@@ -202,101 +331,161 @@ class KubernetesExecutor(Executor):
             return failed("infra_error", f"Kubernetes API: {detail}")
         name = pod_name(spec)
         async with self._slots:
-            queue = scope.watcher.expect(name)
+            queue = scope.pods.expect(name)
+            pod: Obj | None = None
             try:
                 outcome = await self._create_or_adopt(scope, spec, name)
                 if isinstance(outcome, _Refused):
-                    return failed("infra_error", outcome.message,
-                                  harness_output={"permanent": outcome.permanent})
-                return await self._await_pod(spec, name, outcome, queue, started, failed)
+                    return failed("infra_error", outcome.message, outcome.permanent)
+                pod = outcome
+                return await self._follow(spec, name, pod, queue, failed)
             finally:
-                scope.watcher.forget(name)
+                self._waiting.pop(name, None)
                 # Shielded: a cancelled rollout must still take its Pod with it.
-                await asyncio.shield(self._delete_quietly(name))
-
-    async def _delete_quietly(self, name: str) -> None:
-        api = await self._connect()
-        try:
-            if await api.delete_pod(name):
-                self.stats["deleted"] += 1
-        except Exception as exc:  # the sweep at close and the owner GC are the backstops
-            log.warning("could not delete Pod %s: %s", name, exc)
+                await asyncio.shield(self._remove(scope, spec, name, pod, queue))
+                scope.pods.forget(name)
 
     async def _create_or_adopt(self, scope: _RunScope, spec: RolloutSpec,
-                               name: str) -> _Refused | dict[str, Any]:
-        """The Pod to wait on (created or adopted) as a dict, or why there is none."""
+                               name: str) -> _Refused | Obj:
+        """The Pod to follow (created or adopted), or why there is none."""
         api = await self._connect()
-        digest = spec_digest(spec)
         found = scope.found.pop(name, None)
-        if found is not None and _digest_of(found) == digest:
-            self.stats["adopted"] += 1
-            return found
+        if found is not None:
+            if _digest_of(found) == spec_digest(spec, self.config):
+                self.stats["adopted"] += 1
+                return found
+            await self._replace(api, name)  # made from another spec under our name
         try:
-            pod = build_pod(spec, self.config, scope.owner)
+            secret = build_secret(spec, self.config, scope.owner)
         except ValueError as exc:
             return _Refused(str(exc))
-        for _ in range(10):
-            await self._limiter.acquire()
-            try:
-                created = await api.create_pod(pod)
-                self.stats["created"] += 1
-                return created
-            except ApiException as exc:
-                if exc.status == 409 and reason_of(exc) == "AlreadyExists":
-                    try:
-                        existing = await api.read_pod(name)
-                        if existing is not None and _digest_of(existing) == digest:
-                            self.stats["adopted"] += 1
-                            return existing
-                        # A Pod made from another spec under our name: replace it.
-                        await api.delete_pod(name)
-                    except Exception as err:
-                        return _Refused(f"Pod {name} exists and cannot be replaced: "
-                                        f"{type(err).__name__}: {err}", permanent=False)
-                    await asyncio.sleep(self.config.backoff_s)
-                    continue
-                if exc.status in (400, 422):
-                    return _Refused(f"Kubernetes rejected Pod {name}: {message_of(exc)}")
-                if exc.status in (401, 403):
-                    # A quota may free up; a missing RBAC verb will not, but the message says so.
-                    return _Refused(f"Kubernetes refused to create Pod {name} ({exc.status}): "
-                                    f"{message_of(exc)}; check the RBAC in "
-                                    "deploy/kubernetes/rbac.yaml and the namespace's "
-                                    "ResourceQuota", permanent=False)
-                return _Refused(f"Kubernetes API error creating Pod {name} ({exc.status}): "
-                                f"{message_of(exc)}", permanent=False)
-            except Exception as exc:
-                return _Refused(f"Kubernetes API unreachable creating Pod {name}: "
-                                f"{type(exc).__name__}: {exc}", permanent=False)
-        return _Refused(f"Pod {name} still exists after 10 attempts to replace it",
-                        permanent=False)
+        await self._limiter.acquire()
+        created = await self._create_fresh(api, name, "Secret", lambda: api.create_secret(secret))
+        if isinstance(created, _Refused):
+            return created
+        owner = V1OwnerReference(api_version="v1", kind="Secret", name=name,
+                                 uid=created["metadata"]["uid"], block_owner_deletion=False)
+        pod = build_pod(spec, self.config, owner)
+        made = await self._create_fresh(api, name, "Pod", lambda: api.create_pod(pod))
+        if not isinstance(made, _Refused):
+            self.stats["created"] += 1
+        return made
 
-    async def _await_pod(self, spec: RolloutSpec, name: str, pod: dict[str, Any],
-                         queue: asyncio.Queue[tuple[str, dict[str, Any]]], started: float,
-                         failed: Any) -> RolloutResult:
-        """Follow the Pod to its end: finished, never able to start, or out of time."""
+    async def _create_fresh(self, api: KubeApi, name: str, what: str,
+                            create: Callable[[], Awaitable[Obj]]) -> Obj | _Refused:
+        """`_create`, replacing what a crash or a stranger left under our name (409)."""
+        for _ in range(5):
+            made = await self._create(name, what, create)
+            if not isinstance(made, str):
+                return made
+            await self._replace(api, name, keep_secret=what == "Pod")
+        return _Refused(f"{what} {name} keeps coming back after being deleted", permanent=False)
+
+    async def _create(self, name: str, what: str,
+                      create: Callable[[], Awaitable[Obj]]) -> Obj | _Refused | str:
+        """Create, waiting with back-off while a quota or an admission policy refuses (up to
+        `admission_wait_s`); "exists" on 409 AlreadyExists."""
+        c = self.config
+        loop = asyncio.get_running_loop()
+        since: float | None = None
+        backoff = c.backoff_s
+        try:
+            while True:
+                try:
+                    return await create()
+                except ApiException as exc:
+                    if exc.status == 409 and reason_of(exc) == "AlreadyExists":
+                        return "exists"
+                    kind, why = refusal(exc)
+                    if kind == "permanent":
+                        return _Refused(f"Kubernetes rejected {what} {name} ({exc.status}): {why}")
+                    if kind == "error":
+                        return _Refused(f"Kubernetes API error creating {what} {name} "
+                                        f"({exc.status}): {why}", permanent=False)
+                    since = loop.time() if since is None else since
+                    if loop.time() - since >= c.admission_wait_s:
+                        return _Refused(f"Kubernetes refused {what} {name} for "
+                                        f"{c.admission_wait_s:g}s ({exc.status}, {why}): "
+                                        f"{message_of(exc)}", permanent=False)
+                    self._waiting[name] = why
+                    self.stats[f"waited for {why}"] += 1
+                    await asyncio.sleep(backoff * (0.5 + random.random() / 2))
+                    backoff = min(backoff * 2, c.backoff_max_s)
+                except Exception as exc:
+                    return _Refused(f"Kubernetes API unreachable creating {what} {name}: "
+                                    f"{type(exc).__name__}: {exc}", permanent=False)
+        finally:
+            self._waiting.pop(name, None)
+
+    async def _replace(self, api: KubeApi, name: str, keep_secret: bool = False) -> None:
+        """Remove a Pod (and Secret) left under our name by something else; wait till gone."""
+        with contextlib.suppress(Exception):
+            if not keep_secret:
+                await api.delete_secret(name)
+            await api.delete_pod(name, grace_s=0)
+        for _ in range(50):
+            with contextlib.suppress(Exception):
+                if await api.read_pod(name) is None:
+                    return
+            await asyncio.sleep(self.config.backoff_s)
+
+    async def _follow(self, spec: RolloutSpec, name: str, pod: Obj,
+                      queue: asyncio.Queue[tuple[str, Obj]], failed: Any) -> RolloutResult:
+        """Follow the Pod to its end: finished, never able to start, lost, or out of time."""
         c = self.config
         uid = pod["metadata"]["uid"]
         loop = asyncio.get_running_loop()
         pending_until = loop.time() + c.pending_timeout_s
         run_until: float | None = None
-        last: dict[str, Any] = pod
+        pull_since: float | None = None
+        unknown_since: float | None = None
+        last = pod
         while True:
             # The create response is a state too: a watch event may never add to it.
-            verdict = self._judge(last)
-            if verdict is not None:
-                return await self._collect(spec, name, last, started, failed) \
-                    if verdict == "finished" else failed("infra_error", verdict,
-                                                          harness_output={"permanent": True})
-            if run_until is None and _started(last):
+            phase = (last.get("status") or {}).get("phase")
+            if phase in ("Succeeded", "Failed"):
+                return await self._collect(spec, name, last, failed)
+            if last["metadata"].get("deletionTimestamp") and (why := disruption(last)):
+                return failed("infra_error", f"Pod {name} {why}")
+            problem = start_problem(last)
+            if problem is not None and not problem[1]:
+                return failed(problem[0].status, f"Pod {name} {problem[0].message}",
+                              permanent=True)
+            pull_since = (pull_since or loop.time()) if problem else None
+            if problem:
+                self._waiting[name] = "image pull"
+            else:
+                self._waiting.pop(name, None)
+            now = wall_clock()
+            lost: tuple[float, str] | None = None
+            if why := node_lost(last):
+                unknown_since = unknown_since or now
+                lost = (unknown_since, why)
+            elif self._nodes is not None:
+                lost = self._nodes.problem((last.get("spec") or {}).get("nodeName", ""), now)
+            lost_at = loop.time() + lost[0] + c.node_lost_s - now if lost else None
+            if lost is not None and lost_at is not None and lost_at <= loop.time():
+                return failed("infra_error", f"Pod {name} lost with its node: {lost[1]}, for "
+                              f"{c.node_lost_s:g}s or more (node_lost_s)")
+            if run_until is None and started(last):
                 run_until = loop.time() + spec.timeout_s + c.kill_margin_s
-            until = run_until if run_until is not None else pending_until
+            wakes = [(run_until if run_until is not None else pending_until, "time")]
+            if pull_since is not None:
+                wakes.append((pull_since + c.image_pull_timeout_s, "pull"))
+            if lost_at is not None:
+                wakes.append((lost_at, "node"))
+            wake, which = min(wakes)
             try:
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
                 # that lands as the queue delivers, and a cancelled rollout would run on.
-                async with asyncio.timeout_at(until):
+                async with asyncio.timeout_at(wake):
                     kind, update = await queue.get()
             except TimeoutError:
+                if which == "node":
+                    continue  # judged at the top, with the time that has passed
+                if which == "pull" and problem is not None:
+                    return failed("infra_error", f"Pod {name} {problem[0].message} "
+                                  f"(for {c.image_pull_timeout_s:g}s, image_pull_timeout_s)")
                 if run_until is not None:
                     return failed("timeout", f"Pod {name} ran past the timeout of "
                                   f"{spec.timeout_s:g}s (+{c.kill_margin_s:g}s); deleted it")
@@ -305,66 +494,112 @@ class KubernetesExecutor(Executor):
                     return failed("infra_error", f"Pod {name} unschedulable for "
                                   f"{c.pending_timeout_s:g}s: {why}")
                 return failed("infra_error", f"Pod {name} did not start within "
-                              f"{c.pending_timeout_s:g}s ({_waiting_reason(last)})")
+                              f"{c.pending_timeout_s:g}s ({waiting_reason(last)})")
             if update.get("metadata", {}).get("uid") != uid:
                 continue  # an older Pod that had the same name
             if kind == "gone":
-                return failed("infra_error", f"Pod {name} disappeared before it finished "
-                              "(deleted, evicted, or its owner was garbage-collected)")
+                node = (last.get("spec") or {}).get("nodeName", "")
+                gone = self._nodes.problem(node, wall_clock()) if self._nodes else None
+                why = disruption(update) or disruption(last) or (gone[1] if gone else "") or \
+                    "deleted by someone else, or its owner was garbage-collected"
+                return failed("infra_error", f"Pod {name} disappeared before it finished: {why}")
             last = update
 
-    @staticmethod
-    def _judge(pod: dict[str, Any]) -> str | None:
-        """'finished', a one-line reason it can never run, or None while it may still run."""
-        phase = (pod.get("status") or {}).get("phase")
-        if phase in ("Succeeded", "Failed"):
-            return "finished"
-        error = waiting_error(pod)
-        if error is not None:
-            reason, message = error
-            return f"Pod {pod['metadata']['name']} cannot start: {reason}: {message}"
-        return None
-
-    async def _collect(self, spec: RolloutSpec, name: str, pod: dict[str, Any], started: float,
+    async def _collect(self, spec: RolloutSpec, name: str, pod: Obj,
                        failed: Any) -> RolloutResult:
-        """The finished Pod's result: termination message, else log tail, else its status."""
-        status = pod.get("status") or {}
-        if status.get("reason") == "DeadlineExceeded":
-            return failed("timeout", f"Pod {name} exceeded activeDeadlineSeconds="
-                          f"{deadline_seconds(spec, self.config)} and was killed by the kubelet")
-        terminated = container_state(pod).get("terminated") or {}
-        result = parse_result(terminated.get("message") or "")
+        """The finished Pod's result, from its verifier container only; else why it has none
+        (the Pod-level reason first)."""
+        cause = pod_level_cause(pod)
+        if cause is not None:
+            return failed(cause.status, f"Pod {name} {cause.message}")
+        verifier = terminated(pod, VERIFIER)
+        result = parse_result(verifier.get("message") or "")
         tail = ""
-        if result is None:
-            tail = await (await self._connect()).pod_log(name, self.config.log_tail_lines)
+        if result is None and verifier:
+            tail = await (await self._connect()).pod_log(name, VERIFIER,
+                                                         self.config.log_tail_lines)
             result = parse_result(tail)
-        if result is not None and result.rollout_id == spec.rollout_id:
-            return result
-        code = terminated.get("exitCode")
-        detail = (tail or terminated.get("message") or "").strip()[-1500:]
-        return failed("infra_error",
-                      f"Pod {name} ended {status.get('phase')} (exit code {code}, "
-                      f"{terminated.get('reason') or status.get('reason') or 'no reason'}) "
-                      "without a result" + (f": {detail}" if detail else ""))
+        if result is not None:
+            if (result.rollout_id, result.task_id, result.attempt) == \
+                    (spec.rollout_id, spec.task.id, spec.attempt):
+                return result
+            return failed("infra_error", f"Pod {name}: its verifier reported a result for "
+                          f"another rollout ({result.rollout_id})")
+        agent = terminated(pod, AGENT)
+        if agent and agent.get("exitCode") != 0:
+            return failed("infra_error", f"Pod {name}: the agent container was killed (exit "
+                          f"code {agent.get('exitCode')}, {agent.get('reason') or 'no reason'}); "
+                          "no result")
+        phase = (pod.get("status") or {}).get("phase")
+        detail = (tail or verifier.get("message") or "").strip()[-1500:]
+        return failed("infra_error", f"Pod {name} ended {phase} without a result (verifier "
+                      f"exit code {verifier.get('exitCode')})" + (f": {detail}" if detail else ""))
+
+    async def _remove(self, scope: _RunScope, spec: RolloutSpec, name: str, pod: Obj | None,
+                      queue: asyncio.Queue[tuple[str, Obj]]) -> None:
+        """Delete the attempt's objects gracefully; force the Pod only past its grace period."""
+        c = self.config
+        self._reaper.add(spec.run_id, spec.rollout_id)  # the Secret (the Pod goes with it)
+        if pod is None:
+            return
+        uid = pod["metadata"]["uid"]
+
+        def gone() -> bool:
+            current = scope.pods.objects.get(name)
+            return current is None or current["metadata"].get("uid") != uid
+
+        if gone():
+            return
+        api = await self._connect()
+        current = scope.pods.objects.get(name) or pod
+        finished = (current.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        wait_s = c.force_delete_after_s
+        if not finished:
+            # Still running: a graceful delete now, not only when the garbage collector acts.
+            with contextlib.suppress(Exception):
+                await api.delete_pod(name)
+            wait_s += c.termination_grace_s
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait_s
+        while not gone():
+            try:
+                async with asyncio.timeout_at(until):
+                    await queue.get()
+            except TimeoutError:
+                break
+        if gone():
+            self.stats["deleted"] += 1
+            return
+        node = (current.get("spec") or {}).get("nodeName")
+        log.warning("Pod %s still there %gs after its graceful delete: force-deleting it; its "
+                    "containers may still run on node %s until it reconnects", name, wait_s, node)
+        with contextlib.suppress(Exception):
+            if await api.delete_pod(name, grace_s=0):
+                self.stats["force_deleted"] += 1
 
     # -- shutdown ------------------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Stop the watches, sweep every run's Pods by label, delete the owner objects."""
+        """Stop the watches; sweep every run's Secrets and Pods by label; delete the owners."""
         if self._api is None:
             return
         api = self._api
+        await self._reaper.close()
         for scope in list(self._scopes.values()):
             if scope.sweeper is not None:
                 scope.sweeper.cancel()
-            await scope.watcher.stop()
+            await scope.pods.stop()
             try:
+                await api.delete_secrets(run_selector(scope.run_id))
                 self.stats["swept"] += await api.delete_pods(run_selector(scope.run_id))
                 if scope.owner is not None:
                     await api.delete_configmap(scope.owner.name)
             except Exception as exc:
                 log.warning("cleanup of run %s incomplete: %s", scope.run_id, exc)
         self._scopes.clear()
+        if self._nodes is not None:
+            await self._nodes.stop()
+            self._nodes = None
         await api.close()
         self._api = None
 
@@ -386,16 +621,5 @@ def _check_kubeconfig(path: Path | None) -> None:
             "$KUBECONFIG, or run the orchestrator in the cluster)")
 
 
-def _digest_of(pod: dict[str, Any]) -> str | None:
+def _digest_of(pod: Obj) -> str | None:
     return (pod.get("metadata", {}).get("annotations") or {}).get(DIGEST_ANNOTATION)
-
-
-def _started(pod: dict[str, Any]) -> bool:
-    state = container_state(pod)
-    return "running" in state or "terminated" in state or \
-        (pod.get("status") or {}).get("phase") == "Running"
-
-
-def _waiting_reason(pod: dict[str, Any]) -> str:
-    waiting = container_state(pod).get("waiting") or {}
-    return str(waiting.get("reason") or (pod.get("status") or {}).get("phase") or "Pending")

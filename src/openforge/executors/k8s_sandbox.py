@@ -1,0 +1,291 @@
+"""The three containers of a rollout Pod: `python -m openforge.executors.k8s_sandbox ROLE`.
+
+The Pod `k8s_pods.build_pod` makes runs one role per container, in the order the kubelet
+guarantees (init containers one after the other, a native sidecar started first and kept
+running, the main container last):
+
+- `supervisor`, a native sidecar (an init container with `restartPolicy: Always`), trusted.
+  It reads the spec from the attempt's Secret, builds the plugins, prepares the workspace
+  and the environment's services (they stay up beside the agent: the Pod's containers
+  share its network), writes the harness's command for the agent container and then says
+  it is ready (its startup probe lets the next container start). When the verifier
+  connects, the agent container has ended, and every process it started with it (its PID
+  namespace died with it): only then does the supervisor read what the harness left,
+  capture the final state and score it, and it answers the verifier.
+- `agent`, an init container: runs the harness command and nothing else. It holds the
+  session token (good for model calls only) and no other credential: it mounts neither the
+  Secret nor the volume the supervisor and the verifier share. It exits 0 whatever the
+  harness did; only a killed agent container exits otherwise, and that fails the Pod (an
+  infrastructure failure, never a pass).
+- `verifier`, the Pod's main container, trusted: the only container whose termination
+  message (and log) the executor reads. It asks the supervisor over a socket in their
+  shared volume and writes the answer as its termination message and last log line.
+
+Paths come from the environment (`OPENFORGE_*_DIR`, `OPENFORGE_SPEC_FILE`,
+`OPENFORGE_TERMINATION_LOG`), never from constants, so a stand-in kubelet can map them.
+This module imports only the standard library at the top: the verifier is a few lines of
+socket code and starts fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from openforge.harness import Harness, HarnessContext, ProcessOutput
+    from openforge.types import RolloutResult
+
+SUPERVISOR, AGENT, VERIFIER = "supervisor", "agent", "verifier"
+SPEC_FILE_ENV = "OPENFORGE_SPEC_FILE"
+WORKSPACE_ENV = "OPENFORGE_WORKSPACE_DIR"
+AGENT_DIR_ENV = "OPENFORGE_AGENT_DIR"
+TRUSTED_DIR_ENV = "OPENFORGE_TRUSTED_DIR"
+TERMINATION_LOG_ENV = "OPENFORGE_TERMINATION_LOG"
+# In the trusted volume (relative: a Unix socket path must stay under 108 bytes).
+SOCKET = "supervisor.sock"
+READY = "ready"  # the supervisor's startup probe waits for this file
+STARTED = "supervisor-started"  # a sidecar that finds it was restarted after a crash
+# In the agent's volume.
+COMMAND = "command.json"
+EXIT = "exit.json"
+RESULT_PREFIX = "OPENFORGE_RESULT "
+_CONNECT_S = 120.0  # how long the verifier waits for the supervisor's socket
+
+
+def _dir(env: str) -> Path:
+    return Path(os.environ[env])
+
+
+# -- supervisor ----------------------------------------------------------------------------------
+
+
+def supervise() -> int:
+    """Prepare, hand the harness to the agent container, score after it ended, answer."""
+    from openforge import rollout
+    from openforge.types import RolloutResult, RolloutSpec
+
+    trusted, agent_dir = _dir(TRUSTED_DIR_ENV), _dir(AGENT_DIR_ENV)
+    signal.signal(signal.SIGTERM, rollout._on_sigterm)
+    os.chdir(trusted)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    restarted = (trusted / STARTED).exists()
+    (trusted / STARTED).touch()
+    if restarted:
+        # The kubelet restarted this sidecar: its first instance died mid-rollout, so the
+        # environment it prepared is gone. Whatever the agent did cannot be scored.
+        spec = RolloutSpec.model_validate_json(Path(os.environ[SPEC_FILE_ENV]).read_text())
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(SOCKET)
+        server.bind(SOCKET)
+        server.listen(4)
+        _serve(server, RolloutResult(
+            rollout_id=spec.rollout_id, task_id=spec.task.id, attempt=spec.attempt,
+            status="infra_error", error="the Pod's supervisor container restarted (its first "
+            "instance died): the environment it prepared is gone"))
+        return 0
+    server.bind(SOCKET)
+    server.listen(4)
+    handed_over = False
+    pending: list[socket.socket] = []  # the verifier's call, answered once scored
+
+    def launch(harness: Harness, ctx: HarnessContext, root: Path,
+               timeout_s: float) -> ProcessOutput:
+        nonlocal handed_over
+        cmd = harness.command(ctx)
+        _write_json(agent_dir / COMMAND, {
+            "argv": cmd.argv, "env": cmd.env, "cwd": str(cmd.cwd or ctx.workspace),
+            "stdin": cmd.stdin, "deadline": time.time() + max(timeout_s, 0.1)})
+        handed_over = True
+        (trusted / READY).touch()
+        # The verifier starts only after the agent container ended: its call is the signal.
+        conn, _ = server.accept()
+        pending.append(conn)
+        record = _read_json(agent_dir / EXIT) or {}
+        return rollout.read_output(agent_dir, record.get("returncode"),
+                                   bool(record.get("timed_out")),
+                                   float(record.get("duration_s") or 0.0))
+
+    try:
+        spec = RolloutSpec.model_validate_json(Path(os.environ[SPEC_FILE_ENV]).read_text())
+    except (OSError, ValueError) as exc:
+        _write_json(agent_dir / COMMAND, {"skip": True})
+        (trusted / READY).touch()
+        _serve(server, None, error=f"cannot read the rollout spec: {exc}")
+        return 0
+    result = rollout.execute(spec, agent_dir, launch=launch, workspace=_dir(WORKSPACE_ENV),
+                             home=agent_dir / "home")
+    if not handed_over:  # setup failed: the agent has nothing to run
+        _write_json(agent_dir / COMMAND, {"skip": True})
+        (trusted / READY).touch()
+    _serve(server, result, pending=pending)
+    return 0
+
+
+def _serve(server: socket.socket, result: RolloutResult | None,
+           error: str = "", pending: list[socket.socket] | None = None) -> None:
+    """Answer the verifier (now and on any later call), then idle until the Pod ends.
+
+    A sidecar that exits is restarted by the kubelet, so it waits for its SIGTERM.
+    """
+    from openforge.executors.k8s_result import compact_message
+
+    if result is not None:
+        answer = {"message": compact_message(result),
+                  "line": RESULT_PREFIX + result.model_dump_json()}
+    else:
+        answer = {"message": "", "line": "", "error": error}
+    payload = (json.dumps(answer) + "\n").encode()
+    conns = list(pending or [])
+    try:
+        while True:
+            if not conns:
+                conn, _ = server.accept()
+                conns.append(conn)
+            conn = conns.pop()
+            with conn:
+                with contextlib.suppress(OSError):
+                    conn.sendall(payload)
+    except Exception:  # SIGTERM (the Pod is ending) or a broken socket: nothing more to do
+        return
+
+
+# -- agent ---------------------------------------------------------------------------------------
+
+
+def run_agent() -> int:
+    """Run the command the supervisor wrote; record how it ended; exit 0 (unless killed).
+
+    Standard library only (it starts in milliseconds): when this process, the container's
+    first, exits, the kernel ends every process the harness left in the container.
+    """
+    agent_dir = _dir(AGENT_DIR_ENV)
+    task = _read_json(agent_dir / COMMAND)
+    if not task or task.get("skip"):
+        return 0
+    env = dict(os.environ)
+    env.update(task.get("env") or {})
+    stdin = task.get("stdin")
+    started = time.monotonic()
+    # The names rollout.read_output reads.
+    with open(agent_dir / "harness.stdout", "wb") as out, \
+            open(agent_dir / "harness.stderr", "wb") as err:
+        try:
+            proc = subprocess.Popen(
+                task["argv"], cwd=task.get("cwd") or None, env=env, stdout=out, stderr=err,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                start_new_session=True)
+        except OSError as exc:  # the program cannot be started: the harness's own failure
+            err.write(f"cannot start the harness: {exc}\n".encode())
+            _write_json(agent_dir / EXIT, {"returncode": 127, "timed_out": False})
+            return 0
+
+        def stop(*_: Any) -> None:  # the Pod is being deleted
+            _end_group(proc)
+            sys.exit(143)
+
+        signal.signal(signal.SIGTERM, stop)
+        if stdin is not None and proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.write(stdin.encode())
+                proc.stdin.close()
+        timed_out = False
+        try:
+            proc.wait(timeout=max(float(task["deadline"]) - time.time(), 0.1))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        _end_group(proc)
+    _write_json(agent_dir / EXIT, {"returncode": proc.returncode, "timed_out": timed_out,
+                                   "duration_s": time.monotonic() - started})
+    return 0
+
+
+def _end_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the harness's process group, SIGKILL it a second later."""
+    for sig, wait in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=wait)
+            if sig == signal.SIGTERM:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # what the leader left in the group
+                return
+
+
+# -- verifier ------------------------------------------------------------------------------------
+
+
+def verify() -> int:
+    """Fetch the supervisor's answer; write it as this container's termination message."""
+    os.chdir(_dir(TRUSTED_DIR_ENV))
+    deadline = time.monotonic() + _CONNECT_S
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(SOCKET)
+            break
+        except OSError:
+            sock.close()
+            if time.monotonic() > deadline:
+                print("the supervisor never answered", file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+    with sock:
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        print("the supervisor's answer is not JSON", file=sys.stderr)
+        return 1
+    if not answer.get("line"):
+        print(f"no result: {answer.get('error') or 'the supervisor had none'}", file=sys.stderr)
+        return 1
+    with contextlib.suppress(OSError):
+        Path(os.environ[TERMINATION_LOG_ENV]).write_text(answer["message"])
+    sys.stdout.write(answer["line"] + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+ROLES = {SUPERVISOR: supervise, AGENT: run_agent, VERIFIER: verify}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or args[0] not in ROLES:
+        print(f"usage: python -m openforge.executors.k8s_sandbox {'|'.join(ROLES)}",
+              file=sys.stderr)
+        return 2
+    return ROLES[args[0]]()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
