@@ -688,3 +688,4 @@ def test_openforge_run_with_the_kubernetes_executor(cluster: Cluster, tmp_path: 
             await api.close()
 
     assert asyncio.run(left()) == ""
+

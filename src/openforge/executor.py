@@ -27,6 +27,12 @@ class Executor(ABC):
     async def run(self, spec: RolloutSpec) -> RolloutResult:
         """Run one attempt and return its result."""
 
+    async def find_attempt(self, run_id: str, task_id: str, attempt: int) -> str | None:
+        """The rollout id of the last try of attempt `attempt` of `task_id` whose sandbox an
+        earlier process of run `run_id` left behind, alive or finished with its result (a
+        resumed run then continues that try). Default: none survive their process."""
+        return None
+
     async def adoptable(self, spec: RolloutSpec) -> bool:
         """Whether `run(spec)` would take over a sandbox an earlier process started for this
         very attempt (a resumed run then reuses the attempt's session instead of opening a

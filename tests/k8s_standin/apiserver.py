@@ -13,7 +13,6 @@ any status and message: 409 / 429 / 5xx, admission webhook or policy refusals).
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -295,7 +294,7 @@ class ApiServer:
         if obj is None:
             return _error(404, "NotFound", f'{res} "{name}" not found', name=name, kind=res)
         patch = await request.json()
-        merged = _merge(copy.deepcopy(obj), patch)
+        merged = _merge(obj, patch)  # obj: a copy
         # Identity fields cannot be patched.
         merged["metadata"]["uid"] = obj["metadata"]["uid"]
         merged["metadata"]["name"] = name
@@ -353,7 +352,7 @@ class ApiServer:
                policy: str = "Background") -> Obj | None:
         """Delete by the upstream rules: a Pod that is unscheduled, terminated, or deleted with
         grace 0 goes at once; a running one gets a deletionTimestamp and the kubelet finishes it."""
-        obj = self.store.get(kind, ns, name)
+        obj = self.store.peek(kind, ns, name)
         if obj is None:
             return None
         self.deletions.append((asyncio.get_running_loop().time(), kind, name, grace))
@@ -374,11 +373,10 @@ class ApiServer:
             grace = int(spec.get("terminationGracePeriodSeconds", 30))
         if grace == 0 or not spec.get("nodeName") or status.get("phase") in ("Succeeded", "Failed"):
             return self.store.remove(kind, ns, name)
-        meta = obj["metadata"]
-        current = meta.get("deletionGracePeriodSeconds")
+        current = obj["metadata"].get("deletionGracePeriodSeconds")
         if current is None or grace < current:
-            meta["deletionTimestamp"] = now()
-            meta["deletionGracePeriodSeconds"] = grace
+            obj = {**obj, "metadata": {**obj["metadata"], "deletionTimestamp": now(),
+                                       "deletionGracePeriodSeconds": grace}}
             self.store.put(kind, obj)
         return obj
 
@@ -392,7 +390,7 @@ class ApiServer:
             key = (event.kind, ns, event.obj["metadata"]["name"])
 
             def orphan() -> None:
-                obj = self.store.get(*key)
+                obj = self.store.peek(*key)
                 refs = (obj or {}).get("metadata", {}).get("ownerReferences") or []
                 if obj is not None and refs and not any(self._exists(ns, r) for r in refs):
                     self.delete(key[0], ns, key[2], None)
@@ -404,7 +402,7 @@ class ApiServer:
 
         def sweep() -> None:
             for kind, dep_ns, name in list(self.store.dependents.get(uid, ())):
-                obj = self.store.get(kind, dep_ns, name)
+                obj = self.store.peek(kind, dep_ns, name)
                 refs = (obj or {}).get("metadata", {}).get("ownerReferences") or []
                 if obj is not None and not any(self._exists(ns, ref) for ref in refs):
                     self.delete(kind, dep_ns, name, None)
@@ -412,7 +410,7 @@ class ApiServer:
         asyncio.get_running_loop().call_soon(sweep)
 
     def _exists(self, ns: str, ref: Obj) -> bool:
-        owner = self.store.get(ref.get("kind", ""), ns, ref.get("name", ""))
+        owner = self.store.peek(ref.get("kind", ""), ns, ref.get("name", ""))
         return owner is not None and owner["metadata"]["uid"] == ref.get("uid")
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import copy
 import os
 import re
 import secrets
@@ -151,6 +150,8 @@ class PodRun:
     deadline: asyncio.TimerHandle | None = None
     removed: bool = False  # the object is gone from the API
     winding_down: bool = False  # the sidecars are being stopped: do not restart them
+    publishing: bool = False  # a status update is due this turn of the loop
+    counted_out: bool = False  # no longer counted in `live_pods`
     frozen: bool = False  # nothing more is reported (phase Unknown)
     pending_end: str = ""  # what a partitioned kubelet will do once it is back
 
@@ -179,7 +180,7 @@ class Kubelet:
         self.partitioned: set[str] = set()
         self.clock_offset_s = 0.0
         self.runs: dict[str, PodRun] = {}
-        self.live_pods = 0
+        self.live_pods = 0  # Pods not yet ended (containers may run), and the most at once
         self.max_live_pods = 0
         self.started = 0
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -222,7 +223,7 @@ class Kubelet:
         if run is None:
             return
         if event.type == "DELETED":
-            self.live_pods -= 1
+            self._ended(run)
             run.removed = True
             if run.node in self.partitioned:
                 run.pending_end = "gone"  # a cut-off kubelet never hears of it
@@ -239,13 +240,24 @@ class Kubelet:
     # -- reporting -----------------------------------------------------------------------------
 
     def _current(self, run: PodRun) -> Obj | None:
-        pod = self.store.get("Pod", run.namespace, run.name)
+        """The Pod as stored (to read: see `ObjectStore.peek`), None once it is gone."""
+        pod = self.store.peek("Pod", run.namespace, run.name)
         if pod is None or pod["metadata"]["uid"] != run.uid:
             return None
         return pod
 
     def _publish(self, run: PodRun, spec: Obj | None = None) -> None:
+        """Report the Pod's status: changes made in one turn of the loop go out as one
+        update, as a kubelet's status manager merges them (a binding goes at once)."""
+        if spec is not None:
+            self._flush(run, spec)
+        elif not run.publishing:
+            run.publishing = True
+            asyncio.get_running_loop().call_soon(self._flush, run)
+
+    def _flush(self, run: PodRun, spec: Obj | None = None) -> None:
         """Write the Pod's status as this kubelet sees it (unless it is cut off)."""
+        run.publishing = False
         if run.removed or run.frozen or run.node in self.partitioned:
             return
         pod = self._current(run)
@@ -278,10 +290,8 @@ class Kubelet:
             status["containerStatuses"] = [b.status() for b in mains]
         if run.reason:
             status.update(reason=run.reason, message=run.message)
-        pod["status"] = status
-        if spec:
-            pod["spec"].update(spec)
-        self.store.put("Pod", pod)
+        self.store.put("Pod", {**pod, "metadata": dict(pod["metadata"]), "status": status,
+                               "spec": {**pod["spec"], **spec} if spec else pod["spec"]})
 
     # -- the life of a Pod ---------------------------------------------------------------------
 
@@ -347,7 +357,7 @@ class Kubelet:
 
     def _unfit(self, node: Node, pod: Obj) -> str:
         spec = pod["spec"]
-        obj = self.store.get("Node", "", node.name)
+        obj = self.store.peek("Node", "", node.name)
         ready = obj is not None and any(
             c["type"] == "Ready" and c["status"] == "True"
             for c in obj["status"].get("conditions", []))
@@ -579,7 +589,7 @@ class Kubelet:
             box.handle = None
             return
         if self.simulate is not None:
-            sim = self.simulate(copy.deepcopy(pod), box.name, run.sim_volumes)
+            sim = self.simulate(pod, box.name, run.sim_volumes)  # to read only
             box.handle = SimHandle(sim if isinstance(sim, SimContainer) else SimContainer())
         else:
             assert self.runtime is not None
@@ -636,7 +646,14 @@ class Kubelet:
     def _finish(self, run: PodRun) -> None:
         if run.deadline is not None:
             run.deadline.cancel()
+        self._ended(run)
         self._publish(run)
+
+    def _ended(self, run: PodRun) -> None:
+        """The Pod holds no more containers: it no longer counts as alive."""
+        if not run.counted_out:
+            run.counted_out = True
+            self.live_pods -= 1
 
     def _deadline(self, run: PodRun) -> None:
         pod = self._current(run)
@@ -666,13 +683,14 @@ class Kubelet:
                              return_exceptions=True)
         await asyncio.gather(*(self._wait(run, b) for b in running), return_exceptions=True)
         if reason and run.phase not in _TERMINAL:
+            self._ended(run)
             run.phase, run.reason, run.message = "Failed", reason, message
             if condition:
                 run.extra_conditions.append(condition)
             for box in run.boxes.values():
                 if "waiting" in box.state:
                     box.state = {"waiting": box.state["waiting"]}
-        self._publish(run)
+        self._flush(run)  # the last status, before the object goes
         if remove and self._current(run) is not None:
             self.store.remove("Pod", run.namespace, run.name)
         if remove or release:
@@ -712,7 +730,7 @@ class Kubelet:
     def set_phase_unknown(self, namespace: str, name: str) -> None:
         """What an older node controller reports for a Pod it lost touch with."""
         run = self._run_of(namespace, name)
-        pod = self._current(run)
+        pod = self.store.get("Pod", namespace, name)
         assert pod is not None
         pod["status"]["phase"] = "Unknown"
         run.frozen = True
@@ -747,7 +765,7 @@ class Kubelet:
         for run in list(self.runs.values()):
             if run.node != node:
                 continue
-            pod = self._current(run)
+            pod = self.store.get("Pod", run.namespace, run.name) if self._current(run) else None
             if pod is not None:
                 pod["status"].setdefault("conditions", []).append(self._disruption(
                     "DeletionByPodGC", "PodGC: node no longer exists"))

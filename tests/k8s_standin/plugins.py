@@ -103,3 +103,50 @@ class AttackEnv(Environment):
         except (OSError, ValueError):
             found = {}
         return RewardResult(score=1.0 if ok else 0.0, passed=ok, details={"attack": found})
+
+
+# Asks the model once; then polls the gateway until it is gone (its orchestrator died) and
+# back (a resumed one), and asks again: the second call can only land on the new gateway,
+# through the same session. Writes ok.txt with both replies.
+_ACROSS_RESTART = r'''
+import json, os, sys, time, urllib.error, urllib.request
+base, key = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
+deadline = time.monotonic() + float(sys.argv[1])
+def ask():
+    body = json.dumps({"model": "policy", "messages": [{"role": "user", "content": "ping"}]})
+    req = urllib.request.Request(base + "/chat/completions", body.encode(),
+                                 {"Authorization": "Bearer " + key,
+                                  "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.load(resp)["choices"][0]["message"]["content"]
+def up():
+    try:
+        urllib.request.urlopen(urllib.request.Request(
+            base + "/models", headers={"Authorization": "Bearer " + key}), timeout=5).close()
+        return True
+    except (urllib.error.URLError, ConnectionError, OSError):
+        return False
+first = ask()
+while up():
+    assert time.monotonic() < deadline, "the gateway never went away"
+    time.sleep(0.2)
+while True:
+    try:
+        second = ask()
+        break
+    except (urllib.error.URLError, ConnectionError, OSError):
+        assert time.monotonic() < deadline, "the gateway never came back"
+        time.sleep(0.2)
+open("ok.txt", "w").write(first + " " + second)
+print(first, second)
+'''
+
+
+class AcrossRestartHarness(Harness):
+    """Two model calls, one before its orchestrator dies and one after it is back (`patience`
+    seconds at most)."""
+
+    def command(self, ctx: HarnessContext) -> Command:
+        return Command(argv=[sys.executable, "-c", _ACROSS_RESTART,
+                             str(self.options.get("patience", 120))], cwd=ctx.workspace,
+                       env={"OPENAI_BASE_URL": ctx.base_url, "OPENAI_API_KEY": ctx.api_key})

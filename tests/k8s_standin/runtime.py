@@ -42,8 +42,9 @@ import psutil
 from openforge.executors.process import die_with_parent, kill_tree
 
 MARKER_ENV = "OPENFORGE_SANDBOX_ID"
-MARKER_PREFIX = "k8s-standin-"
-# The PID namespaces of the containers started here (for `standin_processes`).
+# This process's stand-ins only: other test runs on the machine have stand-ins of their own.
+MARKER_PREFIX = f"k8s-standin-{os.getpid()}-"
+# The PID namespaces of the containers started here and not yet ended (`standin_processes`).
 NAMESPACES: set[str] = set()
 
 
@@ -82,6 +83,10 @@ def _pid_namespace(pid: int) -> str | None:
         return None
 
 
+def _in_namespace(namespace: str) -> bool:
+    return any(_pid_namespace(p) == namespace for p in psutil.pids())
+
+
 def isolation_available() -> bool:
     """Root, `unshare`, `setpriv` and `mount` present, and namespaces allowed here."""
     if os.geteuid() != 0 or not all(shutil.which(t) for t in ("unshare", "setpriv", "mount")):
@@ -116,6 +121,9 @@ class ProcessHandle(Handle):
         self.proc = proc
         self.launch = launch
         self.init_pid = init_pid  # the container's first process (PID 1 inside), isolated
+        self.namespace = _pid_namespace(init_pid) if init_pid is not None else None
+        if self.namespace:
+            NAMESPACES.add(self.namespace)
         self.killed = False
         self._code: int | None = None
 
@@ -129,6 +137,8 @@ class ProcessHandle(Handle):
             if self.killed:
                 code = 137  # unshare cannot re-raise SIGKILL: say what happened
             self._code = 128 - code if code < 0 else code  # signal N -> 128 + N
+            if self.namespace and not _in_namespace(self.namespace):
+                NAMESPACES.discard(self.namespace)  # ended: its number may be reused
         return self._code
 
     def _signal(self, sig: int) -> None:
@@ -206,11 +216,12 @@ class ProcessRuntime:
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log,
                 stderr=asyncio.subprocess.STDOUT, cwd=str(launch.cwd), env=launch.env,
                 start_new_session=True, preexec_fn=die_with_parent())
-        init_pid = None
-        if self.isolated:
-            init_pid = await self._first_child(proc.pid)
-            if init_pid is not None and (ns := _pid_namespace(init_pid)):
-                NAMESPACES.add(ns)
+        try:
+            init_pid = await self._first_child(proc.pid) if self.isolated else None
+        except asyncio.CancelledError:  # the Pod went while it started: so does this
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
         return ProcessHandle(proc, launch, init_pid)
 
     @staticmethod
@@ -265,7 +276,7 @@ class SimContainer:
     ready_after_s: float = 0.0
 
 
-# (pod, container name, volumes as {volume: {file: bytes}}) -> SimContainer
+# (pod (to read, not change), container name, volumes as {volume: {file: bytes}}) -> SimContainer
 Behaviour = Callable[[dict[str, Any], str, dict[str, dict[str, bytes]]], SimContainer]
 
 

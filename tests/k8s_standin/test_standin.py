@@ -151,7 +151,8 @@ async def test_graceful_and_forced_deletion_kill_the_process(core: client.CoreV1
     deadline = time.monotonic() + 10
     while standin_processes() and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    assert standin_processes() == []
+    left = standin_processes()
+    assert left == [], [p.cmdline() for p in left]
 
 
 async def test_unschedulable_then_deleted_at_once(core: client.CoreV1Api) -> None:

@@ -25,8 +25,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 T = TypeVar("T")
 _RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
-# (connect, read) seconds for every call but the watch: a hung API server must not hang us.
-_TIMEOUT = (10.0, 60.0)
+# Socket connect and read limits for every call but the watch: a hung API server must not
+# hang us. Not aiohttp's `connect`, which also counts the wait for a free pooled connection:
+# with thousands of rollouts in flight that wait is ours, not the server's.
+_TIMEOUT = aiohttp.ClientTimeout(sock_connect=10.0, sock_read=60.0)
 
 
 def reason_of(exc: ApiException) -> str:

@@ -153,8 +153,13 @@ def in_pod_spec(spec: RolloutSpec, options: KubernetesOptions) -> RolloutSpec:
 
 
 def spec_digest(spec: RolloutSpec, options: KubernetesOptions) -> str:
-    """Identifies the exact attempt a Pod was made for: only that attempt may adopt it."""
-    return _digest(in_pod_spec(spec, options).model_dump_json(), size=16)
+    """Identifies the exact attempt a Pod was made for: only that attempt may adopt it.
+
+    Credentials are left out: a resumed runner names the try by its rollout id and session,
+    and may no longer hold the token in clear (the Pod's Secret does).
+    """
+    bare = in_pod_spec(spec, options).model_copy(update={"session_token": ""})
+    return _digest(bare.model_dump_json(), size=16)
 
 
 def deadline_seconds(spec: RolloutSpec, options: KubernetesOptions) -> int:

@@ -17,8 +17,9 @@ code it caused.
 
 Deletion is graceful first: a finished attempt's Secret is deleted (batched: one
 deletecollection for many attempts) and the garbage collector deletes its Pod; a Pod still
-running gets a graceful delete; only a Pod still there after its grace period (a node that
-does not answer) is force-deleted, and that is logged: its containers may still run.
+running gets a graceful delete and is waited for; only a Pod still there after its grace
+period (a node that does not answer) is force-deleted, and that is logged: its containers
+may still run.
 
 Cleanup layers: the above in `finally` (also on cancellation); a label sweep of the run's
 Pods and Secrets at start (after the adoption window) and at close;
@@ -66,6 +67,7 @@ from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
 
 from openforge.executors.k8s_api import KubeApi, RateLimiter, message_of, reason_of  # noqa: E402
 from openforge.executors.k8s_pods import (  # noqa: E402
+    ATTEMPT_LABEL,
     DIGEST_ANNOTATION,
     MANAGED_BY,
     ROLLOUT_LABEL,
@@ -302,6 +304,21 @@ class KubernetesExecutor(Executor):
                 if await api.delete_pod(name):
                     self.stats["swept"] += 1
 
+    async def find_attempt(self, run_id: str, task_id: str, attempt: int) -> str | None:
+        """The rollout id of the newest Pod an earlier orchestrator left for this attempt."""
+        try:
+            scope = await self._scope(run_id)
+        except Exception:
+            return None
+        mine = [p for p in scope.found.values()
+                if (p["metadata"].get("annotations") or {}).get("openforge.io/task-id-full")
+                == task_id and (p["metadata"].get("labels") or {}).get(ATTEMPT_LABEL)
+                == str(attempt)]
+        if not mine:
+            return None
+        newest = max(mine, key=lambda p: p["metadata"].get("creationTimestamp") or "")
+        return (newest["metadata"].get("annotations") or {}).get("openforge.io/rollout-id-full")
+
     async def adoptable(self, spec: RolloutSpec) -> bool:
         """Whether `run(spec)` would adopt a Pod an earlier orchestrator made for this very
         attempt (alive, or finished with its result still in its status)."""
@@ -537,7 +554,12 @@ class KubernetesExecutor(Executor):
 
     async def _remove(self, scope: _RunScope, spec: RolloutSpec, name: str, pod: Obj | None,
                       queue: asyncio.Queue[tuple[str, Obj]]) -> None:
-        """Delete the attempt's objects gracefully; force the Pod only past its grace period."""
+        """Delete the attempt's objects gracefully; force the Pod only past its grace period.
+
+        A finished Pod holds no node resources and counts against no quota: its Secret is
+        queued for deletion (the garbage collector then takes the Pod) and the slot is free at
+        once. A Pod still running is deleted gracefully now, and waited for.
+        """
         c = self.config
         self._reaper.add(spec.run_id, spec.rollout_id)  # the Secret (the Pod goes with it)
         if pod is None:
@@ -548,27 +570,23 @@ class KubernetesExecutor(Executor):
             current = scope.pods.objects.get(name)
             return current is None or current["metadata"].get("uid") != uid
 
-        if gone():
+        current = scope.pods.objects.get(name) or pod
+        if gone() or (current.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            self.stats["deleted"] += 1
             return
         api = await self._connect()
-        current = scope.pods.objects.get(name) or pod
-        finished = (current.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-        wait_s = c.force_delete_after_s
-        if not finished:
-            # Still running: a graceful delete now, not only when the garbage collector acts.
-            with contextlib.suppress(Exception):
-                await api.delete_pod(name)
-            wait_s += c.termination_grace_s
-        loop = asyncio.get_running_loop()
-        until = loop.time() + wait_s
+        with contextlib.suppress(Exception):
+            await api.delete_pod(name)  # graceful: the Pod's own grace period
+        wait_s = c.termination_grace_s + c.force_delete_after_s
+        until = asyncio.get_running_loop().time() + wait_s
         while not gone():
             try:
                 async with asyncio.timeout_at(until):
                     await queue.get()
             except TimeoutError:
                 break
+        self.stats["deleted"] += 1
         if gone():
-            self.stats["deleted"] += 1
             return
         node = (current.get("spec") or {}).get("nodeName")
         log.warning("Pod %s still there %gs after its graceful delete: force-deleting it; its "
