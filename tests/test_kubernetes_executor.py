@@ -689,3 +689,95 @@ def test_openforge_run_with_the_kubernetes_executor(cluster: Cluster, tmp_path: 
 
     assert asyncio.run(left()) == ""
 
+
+_RUN = "import sys; from openforge.config import RunConfig; from openforge.runner import " \
+       "run_from_config; run_from_config(RunConfig.model_validate_json(open(sys.argv[1]).read()))"
+
+
+def _run_config(cluster: Cluster, tmp_path: Path, run_id: str, **overrides: Any) -> Any:
+    import socket
+
+    from openforge.config import EngineConfig, GatewayConfig, RunConfig
+
+    with socket.socket() as s:  # a fixed port: the Pods are told the gateway's URL
+        s.bind(("127.0.0.1" if cluster.standin else "0.0.0.0", 0))
+        port = s.getsockname()[1]
+    options = dict(cluster.executor().options)
+    options["gateway_url"] = f"http://{cluster.callback_host}:{port}"
+    base: dict[str, Any] = {
+        "engine": EngineConfig(name="scripted", options={"replies": [{"content": "pong"}]}),
+        "gateway": GatewayConfig(host="127.0.0.1" if cluster.standin else "0.0.0.0", port=port),
+        "runs_dir": tmp_path, "run_id": run_id, "executor": "kubernetes",
+        "executor_options": options, "environment": "executor_plugins:OneTaskEnv",
+        "reward": "checker", "timeout_s": 300}
+    base.update(overrides)
+    return RunConfig(**base)
+
+
+@standin_only
+def test_resume_after_sigkill_continues_live_tries_through_the_runner(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """The runner's attempt identity: after SIGKILL, `--resume` recreates no Pod for a live
+    attempt, reopens its session (the Pod's next model call lands) and keeps its result."""
+    from openforge.runner import read_results, run_from_config
+    from openforge.store import Store
+
+    assert cluster.standin is not None
+    run_id = "run-" + uuid.uuid4().hex[:8]
+    config = _run_config(cluster, tmp_path, run_id, k=2, concurrency=2,
+                         harness="k8s_standin.plugins:AcrossRestartHarness",
+                         harness_options={"patience": HANG_GUARD_S})
+    plan = tmp_path / "config.json"
+    plan.write_text(config.model_dump_json())
+    env = {**os.environ, "PYTHONPATH": str(TESTS_DIR)}
+    crashed = subprocess.Popen([sys.executable, "-c", _RUN, str(plan)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    store_path = tmp_path / run_id / "store.sqlite"
+
+    def calls_recorded() -> int:
+        if not store_path.exists():
+            return 0
+        with Store(store_path) as store:
+            return store.count_calls(run_id=run_id)
+
+    try:  # the crash comes once each Pod's first model call is recorded
+        deadline = time.monotonic() + HANG_GUARD_S
+        while calls_recorded() < 2:
+            assert time.monotonic() < deadline and crashed.poll() is None, "no calls came"
+            time.sleep(0.2)
+    finally:
+        crashed.send_signal(signal.SIGKILL)
+        crashed.wait()
+    cluster.standin.reset_counters()
+    summary = run_from_config(config, resume=tmp_path / run_id)
+    records = read_results(summary.run_dir)
+    assert [(r.status, r.passed, r.tries) for r in records] == [("ok", True, 1)] * 2, \
+        [r.error for r in records]
+    assert cluster.standin.calls().get("create pods", 0) == 0  # 0 Pods recreated
+    with Store(summary.run_dir / "store.sqlite") as store:
+        # Both calls of each Pod are in its one session: before the crash and after resume.
+        assert [store.count_calls(session_id=r.session_id) for r in records] == [2, 2]
+        assert len(store.list_sessions(run_id)) == 2
+
+    async def left() -> str:
+        api = await KubeApi.connect(Path(cluster.kubeconfig), cluster.context, cluster.namespace)
+        try:
+            return await left_behind(cluster, api, run_id)
+        finally:
+            await api.close()
+
+    assert asyncio.run(left()) == ""
+
+
+def test_a_missing_image_is_not_retried_by_the_runner(cluster: Cluster, tmp_path: Path) -> None:
+    from openforge.runner import read_results, run_from_config
+
+    run_id = "run-" + uuid.uuid4().hex[:8]
+    config = _run_config(cluster, tmp_path, run_id, harness="executor_plugins:OkHarness",
+                         max_infra_retries=2)
+    config.executor_options["image"] = BAD_IMAGE
+    summary = run_from_config(config)
+    [record] = read_results(summary.run_dir)
+    assert record.status == "infra_error" and record.tries == 1  # 1 Pod, not 3
+    assert "image cannot be pulled" in (record.error or "")

@@ -10,8 +10,14 @@ A run lives in `runs/<run-id>/`:
 
 Each attempt gets a fresh gateway session. Infrastructure failures (timeout, sandbox died,
 harness missing, engine down) are retried with a new session up to `max_infra_retries`
-times; if they persist the attempt is recorded as an infra failure, which pass rates
-exclude and the report shows apart. Never as a reward of 0.
+times, unless the executor says another try cannot help (`RolloutResult.permanent`: an
+image that does not exist); if they persist the attempt is recorded as an infra failure,
+which pass rates exclude and the report shows apart. Never as a reward of 0.
+
+An attempt is identified by (run id, task, attempt index). On `--resume`, an attempt whose
+last try's sandbox outlived the old process (a Kubernetes Pod) continues that try: same
+rollout id, same open session, so the sandbox's model calls keep landing and its result is
+collected (`Executor.find_attempt`, `Executor.adoptable`).
 """
 
 from __future__ import annotations
@@ -243,27 +249,54 @@ class Runner:
 
     # -- one attempt -----------------------------------------------------------------------
 
+    def _spec(self, gateway: Any, task: Task, attempt: int, rollout_id: str,
+              session: Any) -> RolloutSpec:
+        cfg = self.config
+        return RolloutSpec(
+            run_id=self.run_id, rollout_id=rollout_id, attempt=attempt, task=task,
+            harness=cfg.harness, harness_options=self._harness_options,
+            environment=cfg.environment, environment_options=cfg.environment_options,
+            reward=cfg.reward, reward_options=cfg.reward_options, gateway_url=gateway.url,
+            session_token=session.token, model=cfg.gateway.served_model_name,
+            timeout_s=cfg.timeout_s)
+
+    async def _resumable(self, gateway: Any, executor: Executor, task: Task,
+                         attempt: int) -> tuple[str, Any, int] | None:
+        """(rollout id, session, try) of this attempt's last try when an earlier run process
+        left its sandbox behind (a Pod, alive or finished) and the executor can take it over:
+        the try goes on with its own session, so its model calls keep landing."""
+        rollout_id = await executor.find_attempt(self.run_id, task.id, attempt)
+        if rollout_id is None:
+            return None
+        session = next((s for s in gateway.store.list_sessions(self.run_id)
+                        if s.rollout_id == rollout_id and s.status == "open"), None)
+        if session is None:
+            return None
+        if not await executor.adoptable(self._spec(gateway, task, attempt, rollout_id, session)):
+            _close_session(gateway, session.id)  # made from another configuration: gone
+            return None
+        return rollout_id, session, int(session.metadata.get("try", 0))
+
     async def _attempt(self, gateway: Any, executor: Executor, task: Task, attempt: int) -> AttemptRecord:
         cfg = self.config
         infra_errors: list[str] = []
         session_ids: list[str] = []
         result: RolloutResult | None = None
         session_id = rollout_id = ""
-        for try_no in range(cfg.max_infra_retries + 1):
-            rollout_id = f"{task.id}.{attempt}.{try_no}.{secrets.token_hex(3)}"
-            session = gateway.open_session(
-                self.run_id, rollout_id, task.id, sampling=cfg.sampling,
-                metadata={"prompt": task.prompt, "attempt": attempt, "try": try_no,
-                          "harness": cfg.harness, "environment": cfg.environment})
+        resumed = await self._resumable(gateway, executor, task, attempt)
+        first = resumed[2] if resumed else 0
+        for try_no in range(first, max(first, cfg.max_infra_retries) + 1):
+            if resumed is not None and try_no == first:
+                rollout_id, session = resumed[0], resumed[1]
+            else:
+                rollout_id = f"{task.id}.{attempt}.{try_no}.{secrets.token_hex(3)}"
+                session = gateway.open_session(
+                    self.run_id, rollout_id, task.id, sampling=cfg.sampling,
+                    metadata={"prompt": task.prompt, "attempt": attempt, "try": try_no,
+                              "harness": cfg.harness, "environment": cfg.environment})
             session_id = session.id
             session_ids.append(session_id)
-            spec = RolloutSpec(
-                run_id=self.run_id, rollout_id=rollout_id, attempt=attempt, task=task,
-                harness=cfg.harness, harness_options=self._harness_options,
-                environment=cfg.environment, environment_options=cfg.environment_options,
-                reward=cfg.reward, reward_options=cfg.reward_options, gateway_url=gateway.url,
-                session_token=session.token, model=cfg.gateway.served_model_name,
-                timeout_s=cfg.timeout_s)
+            spec = self._spec(gateway, task, attempt, rollout_id, session)
             try:
                 result = await executor.run(spec)
             except asyncio.CancelledError:
@@ -284,6 +317,8 @@ class Runner:
             if not result.is_infra_failure:
                 break
             infra_errors.append(f"{result.status}: {result.error}")
+            if result.permanent:
+                break  # another try would fail the same way
         assert result is not None
         return AttemptRecord(
             task_id=task.id, attempt=attempt, rollout_id=rollout_id, session_id=session_id,
@@ -303,11 +338,12 @@ class Runner:
 
     # -- the loop --------------------------------------------------------------------------
 
-    def _stats(self) -> str:
+    def _stats(self, executor: Executor | None = None) -> str:
         scored = [r for r in self.records if not r.is_infra_failure]
         infra = len(self.records) - len(scored)
         rate = f"{sum(r.passed for r in scored) / len(scored):.0%}" if scored else "-"
-        return f"pass {rate}  infra failures {infra}"
+        waiting = executor.progress() if executor is not None else ""
+        return f"pass {rate}  infra failures {infra}" + (f"  ({waiting})" if waiting else "")
 
     async def run(self) -> RunSummary:
         from openforge.gateway.server import Gateway
@@ -362,9 +398,15 @@ class Runner:
                         record = await self._attempt(gateway, executor, task, attempt)
                     self._write_record(record)
                     self.attempts_run += 1
-                    progress.update(bar, advance=1, stats=self._stats())
+                    progress.update(bar, advance=1, stats=self._stats(executor))
+
+                async def refresh() -> None:  # what the executor waits for (a quota...)
+                    while True:
+                        await asyncio.sleep(1.0)
+                        progress.update(bar, stats=self._stats(executor))
 
                 jobs = [asyncio.create_task(one(t, a)) for t, a in pending]
+                refresher = asyncio.create_task(refresh())
                 try:
                     await asyncio.gather(*jobs)
                 except BaseException:
@@ -373,6 +415,8 @@ class Runner:
                         job.cancel()
                     await asyncio.gather(*jobs, return_exceptions=True)
                     raise
+                finally:
+                    refresher.cancel()
         finally:
             self._results_file.close()
             await executor.close()
