@@ -140,6 +140,19 @@ async def assert_clean(cluster: Cluster, kube: KubeApi, run_id: str) -> None:
     assert not left, f"left behind: {left}"
 
 
+def assert_clean_now(cluster: Cluster, run_id: str) -> None:
+    """`assert_clean` from a test that is not a coroutine (it runs the runner's own loop)."""
+    async def left() -> str:
+        api = await KubeApi.connect(Path(cluster.kubeconfig), cluster.context, cluster.namespace)
+        try:
+            return await left_behind(cluster, api, run_id)
+        finally:
+            await api.close()
+
+    left_now = asyncio.run(left())
+    assert not left_now, f"left behind: {left_now}"
+
+
 def agent_state(pod: dict[str, Any]) -> dict[str, Any]:
     for status in pod["status"].get("initContainerStatuses") or []:
         if status["name"] == "agent":
@@ -659,35 +672,18 @@ async def test_watch_history_loss_is_repaired_by_relisting(
 
 def test_openforge_run_with_the_kubernetes_executor(cluster: Cluster, tmp_path: Path) -> None:
     """The whole job: runner, gateway (real model calls from the mini harness), Pods, report."""
-    import socket
-
-    from openforge.config import EngineConfig, GatewayConfig, RunConfig
+    from openforge.config import EngineConfig
     from openforge.runner import read_results, run_from_config
 
-    with socket.socket() as s:  # a fixed port, so the Pods can be told the gateway's URL
-        s.bind(("127.0.0.1" if cluster.standin else "0.0.0.0", 0))
-        port = s.getsockname()[1]
     run_id = "run-" + uuid.uuid4().hex[:8]
-    options = dict(cluster.executor().options)
-    options["gateway_url"] = f"http://{cluster.callback_host}:{port}"
-    config = RunConfig(
-        engine=EngineConfig(name="scripted", options={"script": str(TESTS_DIR / "demo_solutions.yaml")}),
-        gateway=GatewayConfig(host="127.0.0.1" if cluster.standin else "0.0.0.0", port=port),
-        runs_dir=tmp_path, run_id=run_id, concurrency=2, limit=2, executor="kubernetes",
-        executor_options=options)
+    script = EngineConfig(name="scripted", options={"script": str(TESTS_DIR / "demo_solutions.yaml")})
+    config = _run_config(cluster, tmp_path, run_id, engine=script, concurrency=2, limit=2,
+                         harness="mini", environment="demo", reward="checker")
     summary = run_from_config(config)
     records = read_results(summary.run_dir)
     assert [r.status for r in records] == ["ok", "ok"], [r.error for r in records]
     assert summary.metrics.pass_at[1] == 1.0
-
-    async def left() -> str:
-        api = await KubeApi.connect(Path(cluster.kubeconfig), cluster.context, cluster.namespace)
-        try:
-            return await left_behind(cluster, api, run_id)
-        finally:
-            await api.close()
-
-    assert asyncio.run(left()) == ""
+    assert_clean_now(cluster, run_id)
 
 
 _RUN = "import sys; from openforge.config import RunConfig; from openforge.runner import " \
@@ -759,15 +755,7 @@ def test_resume_after_sigkill_continues_live_tries_through_the_runner(
         # Both calls of each Pod are in its one session: before the crash and after resume.
         assert [store.count_calls(session_id=r.session_id) for r in records] == [2, 2]
         assert len(store.list_sessions(run_id)) == 2
-
-    async def left() -> str:
-        api = await KubeApi.connect(Path(cluster.kubeconfig), cluster.context, cluster.namespace)
-        try:
-            return await left_behind(cluster, api, run_id)
-        finally:
-            await api.close()
-
-    assert asyncio.run(left()) == ""
+    assert_clean_now(cluster, run_id)
 
 
 def test_a_missing_image_is_not_retried_by_the_runner(cluster: Cluster, tmp_path: Path) -> None:

@@ -143,3 +143,17 @@ def test_interrupted_then_killed_run_resumes_to_exactly_k_attempts(tmp_path: Pat
     assert summary.attempts_run == 4 - after_kill
     _assert_complete(run_dir)
     assert os.path.exists(run_dir / "report.html")
+
+
+def test_progress_line_says_what_the_executor_waits_for(tmp_path: Path) -> None:
+    from openforge.executors.local import LocalExecutor
+    from openforge.runner import Runner
+
+    class Waiting(LocalExecutor):
+        def progress(self) -> str:
+            return "2 waiting for quota"
+
+    runner = Runner(RunConfig(engine=scripted(FULL), runs_dir=tmp_path), tmp_path)
+    assert runner._stats(Waiting(sandbox="none")) == \
+        "pass -  infra failures 0  (2 waiting for quota)"
+    assert runner._stats(LocalExecutor(sandbox="none")) == "pass -  infra failures 0"

@@ -149,15 +149,30 @@ def _admit_container(c: Obj, where: str, init: bool, volumes: set[Any],
     c.setdefault("resources", {})
 
 
-def admit_secret(secret: Obj, namespace: str) -> Obj:
-    """A Secret: `data` values must be base64; `stringData` is merged into `data`."""
-    secret.setdefault("apiVersion", "v1")
-    secret.setdefault("kind", "Secret")
-    secret.setdefault("type", "Opaque")
-    meta = secret.setdefault("metadata", {})
+def _admit(obj: Obj, kind: str, namespace: str, checks: Any = None) -> Obj:
+    """Defaults and metadata checks every object gets; `checks(obj, causes)` adds its own."""
+    obj.setdefault("apiVersion", "v1")
+    obj.setdefault("kind", kind)
+    meta = obj.setdefault("metadata", {})
     meta["namespace"] = namespace
     causes: list[str] = []
     _check_meta(meta, causes)
+    if checks is not None:
+        checks(obj, causes)
+    if causes:
+        raise Invalid(kind, meta.get("name", ""), causes)
+    meta["uid"] = str(uuid.uuid4())
+    meta["creationTimestamp"] = now()
+    return obj
+
+
+def admit_secret(secret: Obj, namespace: str) -> Obj:
+    """A Secret: `data` values must be base64; `stringData` is merged into `data`."""
+    secret.setdefault("type", "Opaque")
+    return _admit(secret, "Secret", namespace, _check_secret_data)
+
+
+def _check_secret_data(secret: Obj, causes: list[str]) -> None:
     data = secret.setdefault("data", {}) or {}
     for key, value in data.items():
         try:
@@ -169,11 +184,6 @@ def admit_secret(secret: Obj, namespace: str) -> Obj:
     secret["data"] = data
     if sum(len(v) for v in data.values()) > 1024 * 1024:
         causes.append("data: Too long: must have at most 1048576 bytes")
-    if causes:
-        raise Invalid("Secret", meta.get("name", ""), causes)
-    meta["uid"] = str(uuid.uuid4())
-    meta["creationTimestamp"] = now()
-    return secret
 
 
 def node_object(name: str, labels: dict[str, str], cpu: float, memory: float) -> Obj:
@@ -201,17 +211,7 @@ def node_object(name: str, labels: dict[str, str], cpu: float, memory: float) ->
 
 
 def admit_configmap(cm: Obj, namespace: str) -> Obj:
-    cm.setdefault("apiVersion", "v1")
-    cm.setdefault("kind", "ConfigMap")
-    meta = cm.setdefault("metadata", {})
-    meta["namespace"] = namespace
-    causes: list[str] = []
-    _check_meta(meta, causes)
-    if causes:
-        raise Invalid("ConfigMap", meta.get("name", ""), causes)
-    meta["uid"] = str(uuid.uuid4())
-    meta["creationTimestamp"] = now()
-    return cm
+    return _admit(cm, "ConfigMap", namespace)
 
 
 def status_object(code: int, reason: str, message: str, name: str = "", kind: str = "",

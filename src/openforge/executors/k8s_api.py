@@ -157,13 +157,7 @@ class KubeApi:
                 name, self.namespace, _preload_content=False, _request_timeout=_TIMEOUT, **grace)
             return await _json_or_raise(resp)
 
-        try:
-            await self.call("delete", delete)
-            return True
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
+        return await self._delete(delete)
 
     async def delete_pods(self, label_selector: str, grace_s: int | None = None) -> int:
         """deletecollection by label; how many Pods it deleted."""
@@ -192,6 +186,10 @@ class KubeApi:
                 name, self.namespace, _preload_content=False, _request_timeout=_TIMEOUT)
             return await _json_or_raise(resp)
 
+        return await self._delete(delete)
+
+    async def _delete(self, delete: Callable[[], Awaitable[dict[str, Any]]]) -> bool:
+        """One delete call; False when the object was already gone (404)."""
         try:
             await self.call("delete", delete)
             return True
