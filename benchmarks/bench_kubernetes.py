@@ -9,17 +9,18 @@ the executor's alone:
 
 - `--simulate` (default: 5,000 rollouts at concurrency 2,000): the stand-in's simulated
   kubelet runs no processes; each Pod goes through its real phases on a schedule (the
-  supervisor ready after 1 s, the agent 10 s, the verifier's result from the attempt's
-  Secret). This is the scale a real cluster run reaches and this machine cannot host.
+  supervisor ready after 1 s, the agent 60 s, the verifier's result from the attempt's
+  Secret), so that 2,000 are alive at once. This is the scale a real cluster run reaches
+  and this machine cannot host.
 - `--real` (default: 24 rollouts at concurrency 6): every container is a real process (the
   supervisor, the agent running an empty harness, the verifier).
 
 Prints API calls per rollout (client side, by verb) and as the server counted them, the most
 watches open at once (one per run on Pods, one on Nodes), the most Pods alive at once, the
-executor's CPU seconds per rollout and its peak RSS, and what was left (must be 0). With no
-flag both run; `--quick` is 500 at 200 simulated and 8 at 4 real. Timings depend on the
-machine: they are printed, never asserted; the process exits 1 if a rollout failed or
-anything was left behind.
+executor's CPU seconds per rollout and its peak RSS, and what was left. With no flag both
+run; `--quick` is 500 at 200 simulated (agents 5 s) and 8 at 4 real. Timings depend on the
+machine: they are printed, never asserted; the process exits 1 if a rollout failed,
+anything was left behind, or the simulated run made more than 3 API calls per rollout.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from openforge.types import RewardResult, RolloutResult, RolloutSpec, Task  # no
 # How long a simulated rollout's supervisor prepares and its agent runs (real rollouts take
 # minutes; these keep the run short while the event rate stays that of a busy cluster).
 PREPARE_S = float(os.environ.get("OPENFORGE_BENCH_PREPARE_S", "1.0"))
-AGENT_S = float(os.environ.get("OPENFORGE_BENCH_AGENT_S", "10.0"))
+AGENT_S = float(os.environ.get("OPENFORGE_BENCH_AGENT_S", "60.0"))
 
 
 class EmptyHarness(Harness):
@@ -76,7 +77,7 @@ def sim_container(pod: dict[str, Any], container: str, volumes: dict[str, dict[s
     if container == "supervisor":
         return SimContainer(run_s=None, ready_after_s=PREPARE_S)  # a sidecar: until stopped
     if container == "agent":
-        return SimContainer(run_s=AGENT_S)
+        return SimContainer(run_s=float(os.environ.get("OPENFORGE_BENCH_AGENT_S", AGENT_S)))
     spec = RolloutSpec.model_validate_json(volumes["spec"]["spec.json"])
     result = RolloutResult(rollout_id=spec.rollout_id, task_id=spec.task.id,
                            attempt=spec.attempt, status="ok", duration_s=AGENT_S,
@@ -118,10 +119,10 @@ async def _drive(kubeconfig: Path, specs: list[RolloutSpec], concurrency: int,
             "client_calls": dict(executor.api_calls), "stats": dict(executor.stats)}
 
 
-def bench(n: int, concurrency: int, simulate: bool) -> dict[str, Any]:
+def bench(n: int, concurrency: int, simulate: bool, agent_s: float = AGENT_S) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-k8s-") as tmp:
         kubeconfig, stats = Path(tmp) / "kubeconfig", Path(tmp) / "stats.json"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        env = {**os.environ, "OPENFORGE_BENCH_AGENT_S": str(agent_s), "PYTHONPATH": os.pathsep.join(
             [str(ROOT / "benchmarks"), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
         argv = [sys.executable, "-m", "k8s_standin", "--kubeconfig", str(kubeconfig),
                 "--stats", str(stats), "--nodes", "4", "--node-cpu", "100000"]
@@ -139,13 +140,13 @@ def bench(n: int, concurrency: int, simulate: bool) -> dict[str, Any]:
                 server.stdin.close()
             server.wait(120)
         figures.update(json.loads(stats.read_text()))
-    figures.update(rollouts=n, concurrency=concurrency, simulate=simulate)
+    figures.update(rollouts=n, concurrency=concurrency, simulate=simulate, agent_s=agent_s)
     return figures
 
 
 def report(f: dict[str, Any]) -> bool:
     n = f["rollouts"]
-    kind = "simulated kubelet, no processes" if f["simulate"] else \
+    kind = f"simulated kubelet, no processes, agents run {f['agent_s']:g} s" if f["simulate"] else \
         "real processes: supervisor, agent, verifier per Pod"
     total = sum(f["client_calls"].values())
     watches = {k: v for k, v in f["max_open_watches"].items() if v}
@@ -167,7 +168,9 @@ def report(f: dict[str, Any]) -> bool:
     print(f"  left behind             {f['pods_left']} Pods, {f['secrets_left']} Secrets")
     if f["errors"]:
         print("  errors                  " + "; ".join(f["errors"]))
-    return f["ok"] == n and not f["pods_left"] and not f["secrets_left"] and total / n <= 3
+    # At scale the run's shared calls (lists, watches, the owner) are spread thin: <= 3 each.
+    scale_ok = total / n <= 3 or not f["simulate"]
+    return f["ok"] == n and not f["pods_left"] and not f["secrets_left"] and scale_ok
 
 
 def main() -> None:
@@ -180,12 +183,12 @@ def main() -> None:
     args, _ = parser.parse_known_args()  # nox passes the same posargs to every benchmark
     runs = []
     if not args.real:
-        runs.append((True, (500, 200) if args.quick else (5000, 2000)))
+        runs.append((True, (500, 200, 5.0) if args.quick else (5000, 2000, AGENT_S)))
     if not args.simulate:
-        runs.append((False, (8, 4) if args.quick else (24, 6)))
+        runs.append((False, (8, 4, 0.0) if args.quick else (24, 6, 0.0)))
     ok = True
-    for simulate, (n, concurrency) in runs:
-        ok &= report(bench(args.rollouts or n, args.concurrency or concurrency, simulate))
+    for simulate, (n, concurrency, agent_s) in runs:
+        ok &= report(bench(args.rollouts or n, args.concurrency or concurrency, simulate, agent_s))
     if not ok:
         sys.exit(1)
 

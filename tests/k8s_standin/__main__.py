@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import shutil
 import signal
 import sys
@@ -41,7 +42,10 @@ def main() -> int:
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
-    with StandIn(nodes=nodes, simulate=behaviour, history=args.history) as k8s:
+    # Containers import what this process can (the test plugins, a benchmark's module).
+    image_env = {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    with StandIn(nodes=nodes, simulate=behaviour, history=args.history,
+                 image_env=image_env) as k8s:
         shutil.copy(k8s.kubeconfig, args.kubeconfig)
         print("ready", flush=True)
         done.wait()
