@@ -143,6 +143,9 @@ def test_interrupted_then_killed_run_resumes_to_exactly_k_attempts(tmp_path: Pat
     assert summary.attempts_run == 4 - after_kill
     _assert_complete(run_dir)
     assert os.path.exists(run_dir / "report.html")
+    # The killed runner's tries died with it: their sessions were closed on resume.
+    with Store(run_dir / "store.sqlite") as store:
+        assert [s.id for s in store.list_sessions(summary.run_id) if s.status == "open"] == []
 
 
 def test_progress_line_says_what_the_executor_waits_for(tmp_path: Path) -> None:

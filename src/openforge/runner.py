@@ -196,6 +196,8 @@ class Runner:
         self.records: list[AttemptRecord] = read_results(run_dir)
         self.attempts_run = 0
         self._results_file: Any = None
+        # (task id, attempt) -> sessions an earlier process left open (filled on first use).
+        self._open_sessions: dict[tuple[str, Any], list[Any]] | None = None
         # The run's harness options plus what `Harness.install` resolved (binary paths).
         self._harness_options: dict[str, Any] = dict(config.harness_options)
 
@@ -260,22 +262,36 @@ class Runner:
             session_token=session.token, model=cfg.gateway.served_model_name,
             timeout_s=cfg.timeout_s)
 
+    def _unfinished(self, gateway: Any, task: Task, attempt: int) -> list[Any]:
+        """The sessions an earlier process of this run opened for this attempt and never
+        closed (its tries that were under way when it stopped), oldest first."""
+        if self._open_sessions is None:
+            self._open_sessions = {}
+            for session in gateway.store.list_sessions(self.run_id):
+                if session.status == "open":
+                    key = (session.task_id, session.metadata.get("attempt"))
+                    self._open_sessions.setdefault(key, []).append(session)
+        return self._open_sessions.pop((task.id, attempt), [])
+
     async def _resumable(self, gateway: Any, executor: Executor, task: Task,
                          attempt: int) -> tuple[str, Any, int] | None:
         """(rollout id, session, try) of this attempt's last try when an earlier run process
         left its sandbox behind (a Pod, alive or finished) and the executor can take it over:
-        the try goes on with its own session, so its model calls keep landing."""
-        rollout_id = await executor.find_attempt(self.run_id, task.id, attempt)
-        if rollout_id is None:
+        the try goes on with its own session, so its model calls keep landing. The other
+        sessions it left open are closed: their tokens stop working."""
+        unfinished = self._unfinished(gateway, task, attempt)
+        rollout_id = await executor.find_attempt(self.run_id, task.id, attempt) \
+            if unfinished else None
+        resumed = next((s for s in unfinished if s.rollout_id == rollout_id), None)
+        if resumed is not None and not await executor.adoptable(
+                self._spec(gateway, task, attempt, resumed.rollout_id, resumed)):
+            resumed = None  # made from another configuration: that try is over
+        for session in unfinished:
+            if session is not resumed:
+                _close_session(gateway, session.id)
+        if resumed is None:
             return None
-        session = next((s for s in gateway.store.list_sessions(self.run_id)
-                        if s.rollout_id == rollout_id and s.status == "open"), None)
-        if session is None:
-            return None
-        if not await executor.adoptable(self._spec(gateway, task, attempt, rollout_id, session)):
-            _close_session(gateway, session.id)  # made from another configuration: gone
-            return None
-        return rollout_id, session, int(session.metadata.get("try", 0))
+        return resumed.rollout_id, resumed, int(resumed.metadata.get("try", 0))
 
     async def _attempt(self, gateway: Any, executor: Executor, task: Task, attempt: int) -> AttemptRecord:
         cfg = self.config
