@@ -23,6 +23,16 @@ class Environment(ABC):
     def prepare(self, task: Task, workspace: Path) -> None:
         """Lay out the workspace the rollout starts in (default: leave it empty)."""
 
+    def data_paths(self, task: Task) -> list[Path]:
+        """Files and folders outside the workspace that `task`'s reward or checker reads.
+
+        The agent sees them read-only (in the isolating sandbox modes they are mapped
+        read-only; without isolation the supervisor hashes them before the agent starts and
+        checks them before scoring: a change makes the attempt a `violation`). Anything the
+        agent may change belongs in the workspace instead. Default: none.
+        """
+        return []
+
     def final_state(self, task: Task, workspace: Path) -> dict[str, Any]:
         """Capture what rewards read once the harness has ended (default: nothing)."""
         return {}

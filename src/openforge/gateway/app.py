@@ -6,6 +6,9 @@ land here too) and under `/v1/` (the token as API key only). The token is also a
 API key (`Authorization: Bearer` or `x-api-key`); when both the path and a key carry one,
 they must agree. Every rejection of a token is the same 401, whether the token does not
 exist, is closed, or belongs to another session: nothing leaks about other sessions.
+A session token is good for model calls only: no route takes a result or a reward from it.
+The trusted side reads a session's calls at `/scoring/sessions/{id}/calls` with the
+session's scoring credential (returned when the session is opened, never given to the agent).
 
 Model names: any name is accepted on generation routes (harnesses hard-code model names;
 the gateway serves the one policy whatever they ask for). `GET /v1/models` lists the served
@@ -66,8 +69,8 @@ from openforge.gateway.images import (
 )
 from openforge.gateway.render import ModelBundle, RenderedPrompt, SessionTokens
 from openforge.gateway.sessions import LiveSession, SessionRegistry
-from openforge.store import Store, ids_to_blob
-from openforge.types import Call, RolloutResult, SamplingParams
+from openforge.store import Store, ids_to_blob, secret_hash
+from openforge.types import Call, SamplingParams
 
 log = logging.getLogger("openforge.gateway")
 
@@ -312,33 +315,19 @@ def _model_card(state: GatewayState) -> dict[str, Any]:
             "type": "model", "display_name": name}
 
 
-async def post_result(request: Request) -> Response:
-    """The sandbox reports its `RolloutResult` for the session its token belongs to."""
+async def scoring_calls(request: Request) -> Response:
+    """`GET /scoring/sessions/{id}/calls`: a session's recorded calls, for the trusted side that
+    scores it (rewards that read the trajectory). Authenticated with the session's scoring
+    credential, which only the rollout supervisor holds; a session token, which the agent
+    holds, is refused like any wrong key (the same 401 whatever was wrong)."""
     state: GatewayState = request.app.state.gateway
-    live = _session_for(request, state)
-    if live is None:
-        return _plain_error(401, _UNAUTHORIZED, "authentication_error")
-    try:
-        body = await _read_body(request, state.config.max_body_bytes)
-        result = RolloutResult.model_validate_json(body)
-    except BodyTooLarge:
-        return _plain_error(413, _too_large(state.config.max_body_bytes), "request_too_large")
-    except ClientDisconnect:
-        return Response(status_code=400)
-    except ValidationError as exc:
-        return _plain_error(422, f"not a valid RolloutResult: {_first_error(exc)}")
-    state.store.save_result(live.session.id, result)
-    return _json(200, {"ok": True, "session_id": live.session.id})
-
-
-async def get_own_calls(request: Request) -> Response:
-    """The calls recorded so far for the session the token belongs to (and no other): what a
-    reward that reads the trajectory sees from inside the sandbox."""
-    state: GatewayState = request.app.state.gateway
-    live = _session_for(request, state)
-    if live is None:
-        return _plain_error(401, _UNAUTHORIZED, "authentication_error")
-    calls = state.store.list_calls(live.session.id)
+    session = state.store.get_session(request.path_params["session_id"])
+    key = _api_key(request) or ""
+    if session is None or not session.scoring_hash or not hmac.compare_digest(
+            secret_hash(key).encode(), session.scoring_hash.encode()):
+        return _plain_error(401, "scoring routes need 'Authorization: Bearer <the session's "
+                                 "scoring credential>'", "authentication_error")
+    calls = state.store.list_calls(session.id)
     return _json(200, {"calls": [c.model_dump(mode="json") for c in calls]})
 
 
@@ -656,6 +645,7 @@ async def admin_open_session(request: Request, state: GatewayState) -> Response:
                                   task_id=body.task_id, sampling=body.sampling,
                                   metadata=body.metadata, weight_version=body.weight_version)
     return _json(200, {"id": session.id, "token": session.token,
+                       "scoring_token": session.scoring_token,
                        "base_url": state.session_url(session.token)})
 
 
@@ -744,8 +734,7 @@ def create_app(state: GatewayState) -> Starlette:
     routes = [
         *_model_routes("/s/{token}/v1"),
         *_model_routes("/v1"),
-        Route("/s/{token}/result", post_result, methods=["POST"]),
-        Route("/s/{token}/calls", get_own_calls, methods=["GET"]),
+        Route("/scoring/sessions/{session_id}/calls", scoring_calls, methods=["GET"]),
         Route("/admin/sessions", _admin(admin_open_session), methods=["POST"]),
         Route("/admin/sessions", _admin(admin_list_sessions), methods=["GET"]),
         Route("/admin/sessions/{session_id}/close", _admin(admin_close_session), methods=["POST"]),
