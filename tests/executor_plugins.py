@@ -98,6 +98,29 @@ class HangHarness(_Script):
     script = _HANG
 
 
+_ORPHANS = """
+import os, subprocess, sys, time
+# setsid and no marker: out of the group, out of the session, not findable by environment
+env = {k: v for k, v in os.environ.items() if k != 'OPENFORGE_SANDBOX_ID'}
+subprocess.Popen(['sleep', '7013'], start_new_session=True, env=env)
+# a double fork: the middle process exits, the grandchild is an orphan
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execvpe('sleep', ['sleep', '7014'], env)
+    os._exit(0)
+time.sleep(0.5)
+open('ok.txt', 'w').write('ok')
+print('all done')
+"""
+
+
+class OrphansHarness(_Script):
+    """Leaves a setsid child and a double-forked orphan, both without the marker, and ends."""
+
+    script = _ORPHANS
+
+
 class EnvDumpHarness(_Script):
     """Writes its environment to env.json and a marker into HOME."""
 

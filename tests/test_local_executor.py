@@ -79,6 +79,15 @@ async def test_hanging_harness_is_killed_with_all_descendants(tmp_path: Path, mo
     assert leftovers(tmp_path) == []  # in a PID namespace the recorded pids are its own
 
 
+@pytest.mark.parametrize("mode", ALL_MODES)
+async def test_orphans_without_markers_are_ended_and_counted(tmp_path: Path, mode: str) -> None:
+    result = await LocalExecutor(sandbox=mode, base_dir=tmp_path).run(make_spec("OrphansHarness"))
+    assert result.status == "ok", result.error
+    assert result.harness_output["ended_processes"] == 2
+    assert [p for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [])[:2] in (["sleep", "7013"], ["sleep", "7014"])] == []
+
+
 async def test_hanging_rollout_is_killed_by_the_hard_timeout(tmp_path: Path) -> None:
     executor = LocalExecutor(sandbox="none", base_dir=tmp_path, keep_dirs=True,
                              kill_margin_s=0.5, grace_s=0.5)

@@ -142,69 +142,95 @@ def _run_isolated(mode: SandboxMode, command: Command, *, env: dict[str, str], v
     started = time.monotonic()
     view = View(**{**view.__dict__, "cwd": str(command.cwd or view.cwd)})
     info_r, info_w = os.pipe()
+    status_r, status_w = os.pipe()
+    nsinit = [sys.executable, "-m", "openforge.sandbox.nsinit"]
     if mode == "bwrap":
         bwrap = bwrap_path()
         if bwrap is None:
             return AgentExit(None, False, 0.0, setup_error="bubblewrap is no longer installed")
-        argv = bwrap_argv(bwrap, view, command.argv, info_w)
+        argv = bwrap_argv(bwrap, view, [*nsinit, "--reap", str(status_w), "--", *command.argv],
+                          info_w)
     else:
         plan = work_dir / "nsinit.json"
         base = work_dir / "nsroot"
         base.mkdir(exist_ok=True)
         plan.write_text(json.dumps({"view": view.to_json(), "base": str(base)}))
-        argv = [sys.executable, "-m", "openforge.sandbox.nsinit", str(plan), str(info_w), "--",
-                *command.argv]
+        argv = [*nsinit, str(plan), str(info_w), str(status_w), "--", *command.argv]
     try:
         with open(stdout, "wb") as out, open(stderr, "wb") as err:
             proc = subprocess.Popen(
-                argv, env=env, stdout=out, stderr=err, pass_fds=(info_w,),
+                argv, env=env, stdout=out, stderr=err, pass_fds=(info_w, status_w),
                 stdin=subprocess.PIPE if command.stdin is not None else subprocess.DEVNULL,
                 start_new_session=True, preexec_fn=die_with_parent())
     finally:
         os.close(info_w)
+        os.close(status_w)
     try:
-        info = _read_info(info_r, until_eof=mode == "namespaces")
-    finally:
-        os.close(info_r)
-    child = info.get("child-pid")
-    namespace = (f"pid:[{info['pid-namespace']}]" if info.get("pid-namespace")
-                 else pid_namespace(int(child)) if child else None)
-    if info.get("error") or child is None:
-        _kill(proc, child)
-        tail = stderr.read_bytes()[-1500:].decode(errors="replace").strip() if stderr.exists() else ""
-        why = info.get("error") or f"{mode} did not start the sandbox" + (f": {tail}" if tail else "")
-        return AgentExit(None, False, time.monotonic() - started, setup_error=str(why))
-    # Watch the sandbox from here: a thread feeds stdin so a harness that never reads it
-    # cannot block us.
-    feeder = threading.Thread(target=_feed, args=(proc, command.stdin), daemon=True)
-    feeder.start()
-    timed_out = False
-    try:
-        proc.wait(timeout=max(timeout_s, 0.1))
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    finally:
-        ended = _end_namespace(proc, int(child), namespace, grace_s if timed_out else 0.0)
-    code = proc.returncode
-    if mode == "bwrap" and code is not None and code > 128:
-        code = -(code - 128)  # bubblewrap reports a harness killed by signal N as 128 + N
-    return AgentExit(code, timed_out, time.monotonic() - started, ended=ended)
-
-
-def _kill(proc: subprocess.Popen[bytes], child: Any) -> None:
-    for pid in ([int(child)] if child else []) + [proc.pid]:
         try:
-            os.kill(pid, signal.SIGKILL)
+            info = _read_info(info_r, until_eof=mode == "namespaces")
+        finally:
+            os.close(info_r)
+        child = info.get("child-pid")
+        namespace = (f"pid:[{info['pid-namespace']}]" if info.get("pid-namespace")
+                     else pid_namespace(int(child)) if child else None)
+        if info.get("error") or child is None:
+            _kill(proc, child, namespace)  # PID 1 dies with its parent anyway
+            tail = stderr.read_bytes()[-1500:].decode(errors="replace").strip() \
+                if stderr.exists() else ""
+            why = info.get("error") or f"{mode} did not start the sandbox" + \
+                (f": {tail}" if tail else "")
+            return AgentExit(None, False, time.monotonic() - started, setup_error=str(why))
+        # A thread feeds stdin, so a harness that never reads it cannot block us.
+        feeder = threading.Thread(target=_feed, args=(proc, command.stdin), daemon=True)
+        feeder.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=max(timeout_s, 0.1))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            _end_namespace(proc, int(child), namespace, grace_s if timed_out else 0.0)
+        status = _read_status(status_r)
+    finally:
+        os.close(status_r)
+    if status is None:  # PID 1 never reported: it was killed (the timeout) or died
+        code = None if timed_out else proc.returncode
+        return AgentExit(code, timed_out, time.monotonic() - started)
+    return AgentExit(int(status["exit"]), timed_out, time.monotonic() - started,
+                     ended=int(status.get("left", 0)))
+
+
+def _read_status(fd: int) -> dict[str, Any] | None:
+    """What the sandbox's PID 1 reported (`{"exit": CODE, "left": N}`), if it did."""
+    os.set_blocking(fd, False)
+    try:
+        raw = os.read(fd, 4096)
+    except BlockingIOError:
+        return None
+    try:
+        status = json.loads(raw)
+    except ValueError:
+        return None
+    return status if isinstance(status, dict) and "exit" in status else None
+
+
+def _kill(proc: subprocess.Popen[bytes], child: Any, namespace: str | None = None) -> None:
+    """SIGKILL the sandbox's PID 1 (only while it still is: a dead pid may be reused) and the
+    process that started the sandbox, and reap the latter."""
+    if child and namespace is not None and pid_namespace(int(child)) == namespace:
+        try:
+            os.kill(int(child), signal.SIGKILL)
         except OSError:
             pass
+    if proc.poll() is None:
+        proc.kill()
     proc.wait()
 
 
 def _end_namespace(proc: subprocess.Popen[bytes], child: int, namespace: str | None,
-                   grace_s: float) -> int:
+                   grace_s: float) -> None:
     """End the sandbox: its PID 1 goes, so the kernel kills every member; then prove it."""
     members = ns_members(namespace) if namespace else []
-    ended = len([pid for pid in members if pid != child])
     if grace_s > 0 and members:
         for pid in members:
             if pid != child:
@@ -216,14 +242,14 @@ def _end_namespace(proc: subprocess.Popen[bytes], child: int, namespace: str | N
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
-    _kill(proc, child)
+    _kill(proc, child, namespace)
     if namespace is None:
-        return ended
+        return
     deadline = time.monotonic() + _GONE_TIMEOUT_S
     while True:
         left = ns_members(namespace)
         if not left:
-            return ended
+            return
         if time.monotonic() >= deadline:
             raise LeftoverError(f"{len(left)} processes of the sandbox's PID namespace "
                                 f"{namespace} are still alive: {left[:10]}")

@@ -6,6 +6,8 @@ terminal), `--die-with-parent`, and `--cap-drop ALL`: bubblewrap run by root kee
 capability inside the sandbox unless told otherwise, and with CAP_SYS_ADMIN the agent could
 remount a read-only bind read-write (tests/test_sandbox.py shows it cannot).
 `--info-fd` reports the sandbox's PID 1, whose PID namespace the supervisor then watches.
+PID 1 is openforge's own reaper (`--as-pid-1`, `nsinit --reap`), as in the namespaces mode:
+it reports how the harness ended and how many processes it left running.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from openforge.sandbox.view import View
 
 def bwrap_argv(bwrap: str, view: View, command: list[str], info_fd: int) -> list[str]:
     argv = [bwrap, "--unshare-all", "--share-net", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--hostname", "openforge", "--info-fd", str(info_fd),
+            "--cap-drop", "ALL", "--hostname", "openforge", "--as-pid-1",
+            "--info-fd", str(info_fd),
             "--dev", "/dev", "--proc", "/proc"]
     for path in view.tmpfs:
         argv += ["--tmpfs", path]

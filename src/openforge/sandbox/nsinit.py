@@ -1,6 +1,7 @@
 """The `namespaces` sandbox: bubblewrap's isolation built from user, mount and PID namespaces.
 
-    python -m openforge.sandbox.nsinit VIEW_JSON INFO_FD -- ARGV...
+    python -m openforge.sandbox.nsinit PLAN_JSON INFO_FD STATUS_FD -- ARGV...
+    python -m openforge.sandbox.nsinit --reap STATUS_FD -- ARGV...
     python -m openforge.sandbox.nsinit --probe
 
 For machines without bubblewrap whose kernel lets an unprivileged user create namespaces.
@@ -8,15 +9,17 @@ Three processes:
 
 - the **outer** process (this program as started) unshares a user, mount, PID, IPC, UTS and
   cgroup namespace, maps its own uid and gid to 0 inside, forks the sandbox's PID 1, reports
-  that child's pid on INFO_FD as `{"child-pid": N}`, waits for it and exits the way the
-  harness did (same exit code, or killed by the same signal);
+  that child's pid and PID namespace on INFO_FD as `{"child-pid": N, "pid-namespace": I}`
+  and waits for it;
 - **PID 1** of the new PID namespace builds the `View` on an empty tmpfs (read-only binds
   remounted read-only one mount at a time, `/proc` of the new namespace, a minimal `/dev`),
   pivots into it and detaches the host's root, drops every capability (bounding set too) and
-  sets no_new_privs, makes itself non-dumpable (the agent cannot open its `/proc/1/fd`), then
-  forks the harness and reaps until the harness ends; then it exits, and the kernel kills
-  every process left in the namespace: nothing outlives the harness, whatever it did
-  (setsid, double fork, dropping every marker);
+  sets no_new_privs, then `reap`s: makes itself non-dumpable (the agent cannot open its
+  `/proc/1/fd`), forks the harness and reaps until the harness ends, reports on STATUS_FD
+  `{"exit": CODE, "left": N}` (the harness's exit code, negative for a signal, and how many
+  processes it left running), then exits, and the kernel kills every process left in the
+  namespace: nothing outlives the harness, whatever it did (setsid, double fork, dropping
+  every marker). In bubblewrap the same `reap` runs as PID 1 (`--reap`, `--as-pid-1`);
 - the **harness** (PID 2), exec'd with the environment this program was given.
 
 A setup failure is reported on INFO_FD as `{"error": "..."}` and ends with exit code 125.
@@ -214,18 +217,53 @@ def _report(fd: int, data: dict[str, Any]) -> None:
         pass
 
 
-def _exit_like(status: int) -> None:
-    """Exit the way a waited-for process did: its code, or killed by its signal."""
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
-    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else SETUP_FAILED)
+def _left_in_namespace() -> int:
+    """Processes of this PID namespace other than this one (PID 1) that are still running."""
+    left = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or entry == "1":
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):
+            left += 1
+    return left
+
+
+def reap(argv: list[str], cwd: str, status_fd: int) -> None:
+    """PID 1's job: run the harness, reap every orphan until the harness ends, report on
+    STATUS_FD how it ended and how many processes it left running, then exit: the kernel
+    kills whatever is left in the namespace. Does not return."""
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the agent cannot open /proc/1/fd
+    harness = os.fork()
+    if harness == 0:
+        os.close(status_fd)
+        try:
+            os.chdir(cwd)
+            os.setsid()
+            os.execvp(argv[0], argv)
+        except OSError as exc:
+            print(f"openforge sandbox: cannot run {argv[0]}: {exc}", file=sys.stderr)
+        os._exit(127)
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(SETUP_FAILED)
+        except InterruptedError:
+            continue
+        if pid == harness:
+            _report(status_fd, {"exit": os.waitstatus_to_exitcode(status),
+                                "left": _left_in_namespace()})
+            os._exit(0)
 
 
 def _pid1(view: dict[str, Any], base: str, argv: list[str], info_fd: int, alive_r: int,
-          status_w: int) -> None:
-    """PID 1 of the sandbox: build the root, start the harness, reap until it ends."""
+          status_fd: int) -> None:
+    """PID 1 of the sandbox: build the root, then `reap`."""
     try:
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         os.set_blocking(alive_r, False)
@@ -238,34 +276,14 @@ def _pid1(view: dict[str, Any], base: str, argv: list[str], info_fd: int, alive_
         enter_root(view, base)
         socket.sethostname("openforge")
         _drop_capabilities()
-        _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     except (SetupError, OSError) as exc:
         _report(info_fd, {"error": f"namespaces sandbox setup failed: {exc}"})
         os._exit(SETUP_FAILED)
     os.close(info_fd)
-    harness = os.fork()
-    if harness == 0:
-        os.close(status_w)
-        try:
-            os.chdir(view["cwd"])
-            os.setsid()
-            os.execvp(argv[0], argv)
-        except OSError as exc:
-            print(f"nsinit: cannot run {argv[0]}: {exc}", file=sys.stderr)
-        os._exit(127)
-    while True:
-        try:
-            pid, status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            os._exit(SETUP_FAILED)
-        except InterruptedError:
-            continue
-        if pid == harness:
-            os.write(status_w, str(status).encode())
-            os._exit(0)  # the kernel now kills whatever is left in this namespace
+    reap(argv, view["cwd"], status_fd)
 
 
-def run(view: dict[str, Any], base: str, argv: list[str], info_fd: int) -> None:
+def run(view: dict[str, Any], base: str, argv: list[str], info_fd: int, status_fd: int) -> None:
     """The outer process (see the module docstring); does not return."""
     uid, gid = os.getuid(), os.getgid()
     try:
@@ -278,15 +296,17 @@ def run(view: dict[str, Any], base: str, argv: list[str], info_fd: int) -> None:
         _report(info_fd, {"error": f"namespaces sandbox setup failed: {exc}"})
         os._exit(SETUP_FAILED)
     alive_r, alive_w = os.pipe()
-    status_r, status_w = os.pipe()
     child = os.fork()
     if child == 0:
         os.close(alive_w)
-        os.close(status_r)
-        _pid1(view, base, argv, info_fd, alive_r, status_w)
+        _pid1(view, base, argv, info_fd, alive_r, status_fd)
     os.close(alive_r)
-    os.close(status_w)
-    _report(info_fd, {"child-pid": child})
+    os.close(status_fd)
+    try:
+        namespace = os.readlink(f"/proc/{child}/ns/pid")
+    except OSError:
+        namespace = ""
+    _report(info_fd, {"child-pid": child, "pid-namespace": namespace[5:-1] if namespace else None})
     os.close(info_fd)
 
     def end(signum: int, frame: Any) -> None:
@@ -300,10 +320,8 @@ def run(view: dict[str, Any], base: str, argv: list[str], info_fd: int) -> None:
             break
         except InterruptedError:
             continue
-    raw = os.read(status_r, 64)
-    if raw:
-        _exit_like(int(raw))
-    _exit_like(status)
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(code if code >= 0 else 128 - code)  # how it ended is on STATUS_FD
 
 
 def probe() -> int:
@@ -317,29 +335,39 @@ def probe() -> int:
                 symlinks=[(os.readlink(p), p) for p in SYSTEM_DIRS if os.path.islink(p)])
     view = plan.to_json()
     r, w = os.pipe()
+    status_r, status_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        run(view, base, ["true"], w)
+        os.close(status_r)
+        run(view, base, ["true"], w, status_w)
     os.close(w)
+    os.close(status_w)
     info = os.read(r, 4096)
     _, status = os.waitpid(pid, 0)
+    reported = os.read(status_r, 4096)
     os.rmdir(base)
-    ok = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and b"child-pid" in info
+    ok = os.WIFEXITED(status) and b"child-pid" in info and b'"exit": 0' in reported
     print("ok" if ok else f"no: {info.decode(errors='replace').strip()}")
     return 0 if ok else 1
+
+
+USAGE = """usage: python -m openforge.sandbox.nsinit PLAN_JSON INFO_FD STATUS_FD -- ARGV...
+       python -m openforge.sandbox.nsinit --reap STATUS_FD -- ARGV...   (PID 1 in bubblewrap)
+       python -m openforge.sandbox.nsinit --probe"""
 
 
 def main(args: list[str]) -> int:
     if args == ["--probe"]:
         return probe()
-    if len(args) < 4 or args[2] != "--":
-        print("usage: python -m openforge.sandbox.nsinit VIEW_JSON INFO_FD -- ARGV...",
-              file=sys.stderr)
+    if len(args) >= 4 and args[0] == "--reap" and args[2] == "--":
+        reap(args[3:], os.getcwd(), int(args[1]))
+    if len(args) < 5 or args[3] != "--":
+        print(USAGE, file=sys.stderr)
         return 2
     with open(args[0]) as f:
         plan = json.load(f)
-    run(plan["view"], plan["base"], args[3:], int(args[1]))
+    run(plan["view"], plan["base"], args[4:], int(args[1]), int(args[2]))
     return SETUP_FAILED  # not reached
 
 
