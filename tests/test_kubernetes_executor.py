@@ -215,6 +215,26 @@ async def test_harness_failure_is_scored_not_infra(
     await assert_clean(cluster, kube, run_id)
 
 
+@standin_only
+async def test_a_result_line_from_a_container_that_did_not_exit_0_is_refused(
+        cluster: Cluster, sink: Sink, kube: KubeApi, run_id: str) -> None:
+    # What an agent that killed its supervisor leaves behind: a well-formed passing result
+    # for this very attempt in the termination message and the log, and a non-zero exit.
+    spec = make_spec(sink, run_id)
+    forged = RolloutResult(rollout_id=spec.rollout_id, task_id="only", session_id=spec.session_id,
+                           reward=RewardResult(score=1.0, passed=True))
+    program = (f"import os, sys; line = {compact_message(forged)!r}; print(line); "
+               "open(os.environ['OPENFORGE_TERMINATION_LOG'], 'w').write(line); sys.exit(137)")
+    executor = cluster.executor(command=[sys.executable, "-c", program])
+    try:
+        result = await executor.run(spec)
+    finally:
+        await executor.close()
+    assert result.status == "infra_error" and result.reward is None
+    assert "exit code 137" in (result.error or "")
+    await assert_clean(cluster, kube, run_id)
+
+
 async def test_hang_past_the_deadline_is_killed_by_the_kubelet(
         cluster: Cluster, sink: Sink, kube: KubeApi, run_id: str) -> None:
     # Hangs in prepare with SIGTERM ignored, so only activeDeadlineSeconds (1 + 2 + 0.5 -> 4 s)

@@ -14,6 +14,13 @@ reward cleared when the attempt was not scored (so nothing else stands there); t
 closed, so its token stops working at once. Retries (`RETRIED_STATUSES`: infrastructure
 failures and timeouts) get a new session, up to `max_infra_retries`; `plugin_error` is not
 retried (a plugin bug would only repeat) and a `violation` is scored 0, not retried.
+
+Without isolation (sandbox none) an agent can rewrite a task's data for the rollouts after
+it. The supervisor catches a change during its own rollout (`violation`); the stack keeps,
+in the runner's memory, a digest of every task's `data_paths` taken before the run's first
+rollout (`guard`; a task first seen later, by a trainer, at its first rollout), and refuses
+to score an attempt whose data no longer matches it (`infra_error`: the data was changed by
+an earlier rollout, so any score would be against forged data).
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openforge.config import RunConfig
+from openforge.environment import Environment
 from openforge.executor import Executor
+from openforge.sandbox import tamper
 from openforge.sandbox.protocol import ResultRefused, check_result
 from openforge.types import RolloutResult, RolloutSpec, SamplingParams, Session, Task
 
@@ -66,13 +75,59 @@ class RolloutStack:
     """A started gateway and an executor, running attempts for one `RunConfig`."""
 
     def __init__(self, gateway: Any, executor: Executor, config: RunConfig,
-                 harness_options: dict[str, Any] | None = None) -> None:
+                 harness_options: dict[str, Any] | None = None,
+                 environment: Environment | None = None) -> None:
         self.gateway = gateway
         self.executor = executor
         self.config = config
         # The run's harness options plus what `Harness.install` resolved (binary paths).
         self.harness_options = dict(config.harness_options if harness_options is None
                                     else harness_options)
+        self._environment = environment
+        # Data path -> its digest before the first rollout that could change it (sandbox none).
+        self._baselines: dict[str, dict[str, str]] = {}
+
+    @property
+    def guards_data(self) -> bool:
+        """Whether agents can write this machine's files (the local executor's sandbox none)."""
+        return getattr(self.executor, "mode", None) == "none"
+
+    def _data_paths(self, task: Task) -> list[Any]:
+        if self._environment is None:
+            from openforge.rollout import build_plugin
+
+            cfg = self.config
+            self._environment = build_plugin("environment", cfg.environment,
+                                             cfg.environment_options)
+        return list(self._environment.data_paths(task))
+
+    def guard(self, tasks: list[Task]) -> None:
+        """Take the digests of `tasks`' data now, before any of their rollouts (sandbox none)."""
+        for task in tasks:
+            self._baseline(task)
+
+    def _baseline(self, task: Task) -> dict[str, str] | None:
+        if not self.guards_data:
+            return None
+        baseline: dict[str, str] = {}
+        for path in map(str, self._data_paths(task)):
+            if path not in self._baselines:
+                self._baselines[path] = tamper.digest([path])
+            baseline.update(self._baselines[path])
+        return baseline
+
+    def _data_intact(self, task: Task, result: RolloutResult,
+                     baseline: dict[str, str] | None) -> RolloutResult:
+        """`result`, unless it was scored against data changed before its rollout."""
+        if baseline is None or not result.is_scored or result.status == "violation":
+            return result
+        changed = tamper.changes(baseline, tamper.digest(self._data_paths(task)))
+        if not changed:
+            return result
+        return result.model_copy(update={
+            "status": "infra_error", "reward": None,
+            "error": "the task's data changed after the run started (an agent without "
+                     "isolation rewrote it); not scored: restore " + ", ".join(changed[:5])})
 
     @property
     def store(self) -> Any:
@@ -98,6 +153,7 @@ class RolloutStack:
         infra_errors: list[str] = []
         session_ids: list[str] = []
         outcome: Attempt | None = None
+        baseline = self._baseline(task)
         for try_no in range(cfg.max_infra_retries + 1):
             rollout_id = f"{task.id}.{attempt}.{try_no}.{secrets.token_hex(3)}"
             session = self.gateway.open_session(
@@ -116,7 +172,7 @@ class RolloutStack:
                 result = RolloutResult(rollout_id=rollout_id, task_id=task.id, attempt=attempt,
                                        session_id=session.id, status="infra_error",
                                        error=f"executor failed: {type(exc).__name__}: {exc}")
-            result = accept(result, spec)
+            result = self._data_intact(task, accept(result, spec), baseline)
             self.store.save_result(session.id, result)
             reward = result.reward if result.is_scored else None
             self.store.set_reward(session.id, reward.score if reward else None,

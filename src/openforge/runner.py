@@ -206,6 +206,7 @@ class Runner:
         self.records: list[AttemptRecord] = read_results(run_dir)
         self.attempts_run = 0
         self._results_file: Any = None
+        self._environment: Any = None  # built in run(); the stack reads task data paths
         # The run's harness options plus what `Harness.install` resolved (binary paths).
         self._harness_options: dict[str, Any] = dict(config.harness_options)
 
@@ -262,7 +263,8 @@ class Runner:
     def stack(self, gateway: Any, executor: Executor) -> RolloutStack:
         """The rollout stack this run's attempts go through (see `openforge.attempts`)."""
         executor.protect(self.run_dir)
-        return RolloutStack(gateway, executor, self.config, self._harness_options)
+        return RolloutStack(gateway, executor, self.config, self._harness_options,
+                            self._environment)
 
     async def attempt(self, stack: RolloutStack, task: Task, attempt: int) -> AttemptRecord:
         """One attempt of `task` through a started stack, as a results.jsonl record."""
@@ -282,7 +284,8 @@ class Runner:
 
         cfg = self.config
         started = time.monotonic()
-        environment = build_plugin("environment", cfg.environment, cfg.environment_options)
+        environment = self._environment = build_plugin("environment", cfg.environment,
+                                                       cfg.environment_options)
         tasks = select_tasks(cfg, list(environment.tasks(cfg.split)))
         done = {(r.task_id, r.attempt) for r in self.records}
         pending = [(t, a) for t in tasks for a in range(cfg.k) if (t.id, a) not in done]
@@ -325,6 +328,8 @@ class Runner:
                                                 stats=self._stats())
 
                 stack = self.stack(gateway, executor)
+                pending_ids = {t.id for t, _ in pending}
+                stack.guard([t for t in tasks if t.id in pending_ids])
 
                 async def one(task: Task, attempt: int) -> None:
                     async with semaphore:

@@ -340,7 +340,9 @@ class KubernetesExecutor(Executor):
         if result is None:
             tail = await (await self._connect()).pod_log(name, self.config.log_tail_lines)
             result = parse_result(tail)
-        if result is not None:
+        # As from a local supervisor: only one that exited 0 reported (an agent that killed it
+        # may have left a forged line behind), and only a result of this very attempt.
+        if result is not None and terminated.get("exitCode") == 0:
             try:
                 return check_result(result, spec)
             except ResultRefused:

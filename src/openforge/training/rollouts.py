@@ -117,6 +117,7 @@ class RolloutCollector:
         started = time.monotonic()
         stack = self.stack
         assert stack is not None, "use RolloutCollector as `async with`"
+        stack.guard(list(tasks))
         semaphore = asyncio.Semaphore(self.config.concurrency)
 
         async def one(task: Task, attempt: int) -> AttemptRecord:
