@@ -86,6 +86,13 @@ class OkHarness(_Script):
     script = "open('ok.txt', 'w').write('ok'); print('all done')"
 
 
+class ShellHarness(Harness):
+    """Runs the task's prompt as a shell command in the workspace."""
+
+    def command(self, ctx: HarnessContext) -> Command:
+        return Command(argv=["/bin/sh", "-c", ctx.task.prompt], cwd=ctx.workspace)
+
+
 class EmptyHarness(_Script):
     """Does nothing at all."""
 

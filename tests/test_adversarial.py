@@ -260,6 +260,10 @@ def test_attacks_never_score_and_leave_nothing(request: pytest.FixtureRequest, t
     forge = run.said("forge")
     assert "POST own 404" in forge
     assert records["forge"].status == "ok" and records["forge"].reward == 0.0
+    if executor == "local":
+        # Without isolation it even writes its line into the supervisor's stdout: the
+        # supervisor's signed line comes last and wins. Isolated, it finds no supervisor.
+        assert ("WROTE /proc/" in forge) == (not run.isolating)
     # kill: only without isolation can the agent see its supervisor; then it is an
     # infrastructure failure (retried, excluded), never a pass.
     if run.isolating:
