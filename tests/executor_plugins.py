@@ -93,6 +93,13 @@ class ShellHarness(Harness):
         return Command(argv=["/bin/sh", "-c", ctx.task.prompt], cwd=ctx.workspace)
 
 
+class NoProgramHarness(Harness):
+    """Its program does not exist (check() did not notice)."""
+
+    def command(self, ctx: HarnessContext) -> Command:
+        return Command(argv=["/nonexistent/agent-program"], cwd=ctx.workspace)
+
+
 class EmptyHarness(_Script):
     """Does nothing at all."""
 

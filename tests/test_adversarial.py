@@ -255,6 +255,16 @@ def test_attacks_never_score_and_leave_nothing(request: pytest.FixtureRequest, t
     records = run.records
     assert set(records) == set(ATTACKS)
     assert {r.sandbox for r in records.values()} == {mode}
+    # A run without isolation says so loudly in its report (and in its header: see
+    # test_local_executor.py::test_describe_sandbox_names_the_mode_and_warns_without_isolation).
+    report = json.loads((run.run_dir / "report.json").read_text())
+    html = (run.run_dir / "report.html").read_text()
+    if run.isolating:
+        assert report["sandbox"]["warning"] is None and "WITHOUT isolation" not in html
+    else:
+        assert report["sandbox"]["unisolated_attempts"] == len(ATTACKS)
+        assert "WITHOUT isolation" in report["sandbox"]["warning"]
+        assert "WARNING" in html and "WITHOUT isolation" in html
 
     # forge: no route takes a result from a token; the fake lines changed nothing.
     forge = run.said("forge")

@@ -104,6 +104,14 @@ async def test_crashing_harness_is_an_infra_error(tmp_path: Path) -> None:
     assert result.is_infra_failure and result.reward is None
 
 
+@pytest.mark.parametrize("mode", ALL_MODES)
+async def test_a_program_that_cannot_start_is_an_infra_error(tmp_path: Path, mode: str) -> None:
+    result = await LocalExecutor(sandbox=mode, base_dir=tmp_path).run(make_spec("NoProgramHarness"))
+    assert result.status == "infra_error" and result.reward is None
+    assert (result.error or "").startswith(
+        "starting the harness failed: cannot run /nonexistent/agent-program: No such file")
+
+
 async def test_failing_harness_is_scored(tmp_path: Path) -> None:
     result = await LocalExecutor(sandbox="none", base_dir=tmp_path).run(make_spec("FailHarness"))
     assert result.status == "harness_error"

@@ -259,8 +259,8 @@ class Supervisor:
                               trusted=own_descendants())
         except LeftoverError as exc:
             raise _Stop("infra_error", f"could not end the agent's processes: {exc}") from None
-        if exit_.setup_error:
-            raise _Stop("infra_error", f"sandbox setup failed: {exit_.setup_error}")
+        if exit_.setup_error:  # the sandbox or the harness program could not start
+            raise _Stop("infra_error", f"starting the harness failed: {exit_.setup_error}")
         proc = ProcessOutput(returncode=exit_.returncode, stdout=_tail(out_path, 200_000),
                              stderr=_tail(err_path, 20_000), timed_out=exit_.timed_out,
                              duration_s=exit_.duration_s)
@@ -276,12 +276,12 @@ class Supervisor:
                                   "harness_output": harness_output}
         if data and self.mode not in ISOLATING:
             changed = tamper.changes(before, tamper.digest(data))
-            if changed:
-                return {**fields, "status": "violation",
-                                     "reward": RewardResult(score=0.0, passed=False, details={
-                                         "violation": "task data changed", "paths": changed[:20]}),
-                                     "error": "violation: the agent changed the task's data: "
-                                              + ", ".join(changed[:5])}
+            if changed:  # the agent did it: scored 0, labelled (docs/sandboxing.md)
+                verdict = RewardResult(score=0.0, passed=False, details={
+                    "violation": "task data changed", "paths": changed[:20]})
+                return {**fields, "status": "violation", "reward": verdict,
+                        "error": "violation: the agent changed the task's data: "
+                                 + ", ".join(changed[:5])}
         if status not in ("ok", "harness_error"):
             return {**fields, "status": status, "error": output.error or f"harness {output.status}"}
         final_state = dict(self._call("capturing the final state", environment.final_state,

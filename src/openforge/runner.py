@@ -84,7 +84,7 @@ class AttemptRecord(BaseModel):
     infra_errors: list[str] = Field(default_factory=list)
     session_ids: list[str] = Field(default_factory=list)  # every try's session, last = this one
     prompt: str = ""
-    sandbox: str = ""  # how the agent was isolated: bwrap, namespaces, none, kubernetes
+    sandbox: str = ""  # how the agent was isolated: bwrap, namespaces, none (in a Pod: inside it)
     finished_at: float = Field(default_factory=time.time)
 
     @property

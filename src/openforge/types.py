@@ -168,7 +168,7 @@ class RolloutResult(BaseModel):
 
     `session_id` names the session the attempt ran in: an executor refuses a result whose
     rollout, task, attempt or session differs from its spec. `sandbox` says how the agent
-    was isolated (`bwrap`, `namespaces`, `none`, `kubernetes`).
+    was isolated: `bwrap`, `namespaces` or `none` (in a Pod: the mode inside it).
     """
 
     model_config = ConfigDict(extra="ignore")

@@ -111,13 +111,19 @@ def _run_plain(command: Command, *, env: dict[str, str], stdout: Path, stderr: P
                timeout_s: float, trusted: set[Identity], grace_s: float) -> AgentExit:
     started = time.monotonic()
     timed_out = False
-    with open(stdout, "wb") as out, open(stderr, "wb") as err:
-        proc = subprocess.Popen(
-            command.argv, cwd=str(command.cwd) if command.cwd else None, env=env, stdout=out,
-            stderr=err, stdin=subprocess.PIPE if command.stdin is not None else subprocess.DEVNULL,
-            start_new_session=True, preexec_fn=die_with_parent())
     try:
-        _feed(proc, command.stdin)
+        with open(stdout, "wb") as out, open(stderr, "wb") as err:
+            proc = subprocess.Popen(
+                command.argv, cwd=str(command.cwd) if command.cwd else None, env=env,
+                stdout=out, stderr=err,
+                stdin=subprocess.PIPE if command.stdin is not None else subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=die_with_parent())
+    except OSError as exc:
+        return AgentExit(None, False, 0.0,
+                         setup_error=f"cannot run {command.argv[0]}: {exc.strerror or exc}")
+    try:
+        # A thread feeds stdin, so a harness that never reads it cannot block us.
+        threading.Thread(target=_feed, args=(proc, command.stdin), daemon=True).start()
         try:
             proc.wait(timeout=max(timeout_s, 0.1))
         except subprocess.TimeoutExpired:
@@ -196,6 +202,9 @@ def _run_isolated(mode: SandboxMode, command: Command, *, env: dict[str, str], v
     if status is None:  # PID 1 never reported: it was killed (the timeout) or died
         code = None if timed_out else proc.returncode
         return AgentExit(code, timed_out, time.monotonic() - started)
+    if "exec_error" in status:
+        return AgentExit(None, False, time.monotonic() - started,
+                         setup_error=str(status["exec_error"]))
     return AgentExit(int(status["exit"]), timed_out, time.monotonic() - started,
                      ended=int(status.get("left", 0)))
 
@@ -211,7 +220,8 @@ def _read_status(fd: int) -> dict[str, Any] | None:
         status = json.loads(raw)
     except ValueError:
         return None
-    return status if isinstance(status, dict) and "exit" in status else None
+    ok = isinstance(status, dict) and ("exit" in status or "exec_error" in status)
+    return status if ok else None
 
 
 def _kill(proc: subprocess.Popen[bytes], child: Any, namespace: str | None = None) -> None:

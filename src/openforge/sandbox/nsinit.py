@@ -238,16 +238,26 @@ def reap(argv: list[str], cwd: str, status_fd: int) -> None:
     STATUS_FD how it ended and how many processes it left running, then exit: the kernel
     kills whatever is left in the namespace. Does not return."""
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the agent cannot open /proc/1/fd
+    # exec's outcome: the pipe closes on a successful exec, or carries why it failed.
+    exec_r, exec_w = os.pipe2(os.O_CLOEXEC)
     harness = os.fork()
     if harness == 0:
         os.close(status_fd)
+        os.close(exec_r)
         try:
             os.chdir(cwd)
             os.setsid()
             os.execvp(argv[0], argv)
         except OSError as exc:
-            print(f"openforge sandbox: cannot run {argv[0]}: {exc}", file=sys.stderr)
+            os.write(exec_w, f"cannot run {argv[0]}: {exc.strerror or exc}".encode())
         os._exit(127)
+    os.close(exec_w)
+    failed = os.read(exec_r, 4096)
+    os.close(exec_r)
+    if failed:
+        os.waitpid(harness, 0)
+        _report(status_fd, {"exec_error": failed.decode(errors="replace")})
+        os._exit(0)
     while True:
         try:
             pid, status = os.waitpid(-1, 0)
