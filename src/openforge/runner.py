@@ -48,7 +48,7 @@ from openforge.errors import OpenforgeError
 from openforge.executor import Executor
 from openforge.metrics import AttemptOutcome, MetricsSummary, summarize
 from openforge.rollout import build_plugin
-from openforge.types import INFRA_STATUSES, PLUGIN_STATUSES, SCORED_STATUSES, Task
+from openforge.types import StatusFlags, Task
 
 CONFIG_FILE = "config.yaml"
 RESULTS_FILE = "results.jsonl"
@@ -66,7 +66,7 @@ class RunInterrupted(OpenforgeError):
     exit_code = 130
 
 
-class AttemptRecord(BaseModel):
+class AttemptRecord(StatusFlags, BaseModel):
     """One finished attempt: a line of results.jsonl."""
 
     task_id: str
@@ -87,17 +87,6 @@ class AttemptRecord(BaseModel):
     sandbox: str = ""  # how the agent was isolated: bwrap, namespaces, none (in a Pod: inside it)
     finished_at: float = Field(default_factory=time.time)
 
-    @property
-    def is_infra_failure(self) -> bool:
-        return self.status in INFRA_STATUSES
-
-    @property
-    def is_plugin_failure(self) -> bool:
-        return self.status in PLUGIN_STATUSES
-
-    @property
-    def is_scored(self) -> bool:
-        return self.status in SCORED_STATUSES
 
     @classmethod
     def of(cls, task: Task, attempt_no: int, attempt: Attempt) -> AttemptRecord:

@@ -7,7 +7,7 @@ the trainers. Everything that crosses a process or a file is one of these models
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -163,7 +163,30 @@ RETRIED_STATUSES: frozenset[str] = INFRA_STATUSES
 PLUGIN_STATUSES: frozenset[str] = frozenset({"plugin_error"})
 
 
-class RolloutResult(BaseModel):
+class StatusFlags:
+    """What a `status` means, for every model that has one (results, records, outcomes)."""
+
+    if TYPE_CHECKING:  # declared by each model, in its own place among its fields
+        status: str
+
+    @property
+    def is_infra_failure(self) -> bool:
+        return self.status in INFRA_STATUSES
+
+    @property
+    def is_plugin_failure(self) -> bool:
+        return self.status in PLUGIN_STATUSES
+
+    @property
+    def is_scored(self) -> bool:
+        return self.status in SCORED_STATUSES
+
+    @property
+    def is_retried(self) -> bool:
+        return self.status in RETRIED_STATUSES
+
+
+class RolloutResult(StatusFlags, BaseModel):
     """What came out of one attempt (statuses: see `RolloutStatus` above).
 
     `session_id` names the session the attempt ran in: an executor refuses a result whose
@@ -184,18 +207,6 @@ class RolloutResult(BaseModel):
     duration_s: float = 0.0
     sandbox: str = ""
     harness_output: dict[str, Any] = Field(default_factory=dict)
-
-    @property
-    def is_infra_failure(self) -> bool:
-        return self.status in INFRA_STATUSES
-
-    @property
-    def is_scored(self) -> bool:
-        return self.status in SCORED_STATUSES
-
-    @property
-    def is_retried(self) -> bool:
-        return self.status in RETRIED_STATUSES
 
 
 class Sample(BaseModel):

@@ -125,8 +125,9 @@ class LocalExecutor(Executor):
             return (f"sandbox: bubblewrap ({self.bwrap}): allowlisted read-only view, private "
                     "/tmp, own PID namespace, no capabilities")
         if self.mode == "namespaces":
-            return ("sandbox: namespaces (user, mount, PID; bubblewrap is not installed): "
-                    "allowlisted read-only view, private /tmp, no capabilities")
+            why = "" if self.config.sandbox == "namespaces" else "; bubblewrap is not available"
+            return (f"sandbox: namespaces (user, mount, PID{why}): allowlisted read-only view, "
+                    "private /tmp, own PID namespace, no capabilities")
         why = "disabled by sandbox=none" if self.config.sandbox == "none" else \
             "neither bubblewrap nor unprivileged user namespaces are available"
         return "sandbox: none. " + none_mode_warning(why)
