@@ -20,6 +20,7 @@ writes it:
   | `OPENFORGE_SANDBOX` | supervisor | the sandbox mode for the agent: auto, bwrap, namespaces, none |
   | `OPENFORGE_TERMINATION_LOG` | supervisor in a Pod | where the kubelet reads the termination message |
   | `OPENFORGE_SANDBOX_ID` | process sweeps | a marker in every agent process's environment (a hint only: an agent can drop it) |
+  | `OPENFORGE_ROLLOUT_ID`, `OPENFORGE_POD_NAME`, `OPENFORGE_PROXY_URL` | a Pod's processes | the attempt's rollout id, the Pod's name, the session URL (set by the Kubernetes executor) |
   | `OPENFORGE_ADMIN_KEY` | `openforge serve` | the gateway's admin key (never on argv) |
   | `OPENFORGE_CACHE`, `OPENFORGE_NODE_BIN`, `OPENFORGE_CHROMIUM`, `OPENFORGE_DEBUG` | plugins | where programs are (passed through) |
 """
@@ -42,6 +43,9 @@ SANDBOX_ENV = "OPENFORGE_SANDBOX"
 TERMINATION_LOG_ENV = "OPENFORGE_TERMINATION_LOG"
 MARKER_ENV = "OPENFORGE_SANDBOX_ID"
 ADMIN_KEY_ENV = "OPENFORGE_ADMIN_KEY"
+ROLLOUT_ID_ENV = "OPENFORGE_ROLLOUT_ID"
+POD_NAME_ENV = "OPENFORGE_POD_NAME"
+PROXY_URL_ENV = "OPENFORGE_PROXY_URL"
 
 # Exact names that reach a rollout; nothing else does.
 PASS_ENV: frozenset[str] = frozenset({
