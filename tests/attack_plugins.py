@@ -55,8 +55,13 @@ def attack_command(name: str, know: dict[str, Any]) -> str:
 
 
 def solutions(know: dict[str, Any]) -> list[dict[str, Any]]:
-    """The scripted engine's script: each attack task runs its attack, then says done."""
-    return [{"match": f"ATTACK {name}$", "replies": [
-        {"tool_calls": [{"name": "shell", "arguments": {"command": attack_command(name, know)}}]},
-        {"content": f"{name} done"}]}
-        for name in (*ATTACKS, *TAMPER_ATTACKS, *SIBLING_ATTACKS)]
+    """The scripted engine's script: each attack task runs its attack, then says done; the
+    victim and the sibling run theirs up to three times, until they have met."""
+    script = []
+    for name in (*ATTACKS, *TAMPER_ATTACKS, *SIBLING_ATTACKS):
+        call = {"tool_calls": [{"name": "shell",
+                                "arguments": {"command": attack_command(name, know)}}]}
+        tries = 3 if name in SIBLING_ATTACKS else 1
+        script.append({"match": f"ATTACK {name}$",
+                       "replies": [call] * tries + [{"content": f"{name} done"}]})
+    return script

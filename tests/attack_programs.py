@@ -184,18 +184,31 @@ def exploit(know: dict[str, Any]) -> None:
 
 
 def victim(know: dict[str, Any]) -> None:
-    """Wait (alive, holding its token) until the sibling says it is done."""
+    """Wait (alive, holding its token) until the sibling says it is done. The policy runs this
+    up to three times (25 s each), so a slow start of the sibling is waited for."""
+    if os.path.exists("released"):
+        say("victim already released")
+        return
     server = socket.socket()
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.bind(("127.0.0.1", know["port"]))
     server.listen(1)
     server.settimeout(25)
-    conn, _ = server.accept()
+    try:
+        conn, _ = server.accept()
+    except TimeoutError:
+        say("victim: no sibling yet")
+        return
     conn.settimeout(25)
     say("victim released:", conn.recv(64))
+    open("released", "w").close()
 
 
 def sibling(know: dict[str, Any]) -> None:
+    """Find the victim's token while it waits, use it, then release it (up to three tries)."""
+    if os.path.exists("released"):
+        say("sibling already done")
+        return
     deadline = time.time() + 25
     while True:
         try:
@@ -203,7 +216,8 @@ def sibling(know: dict[str, Any]) -> None:
             break
         except OSError:
             if time.time() > deadline:
-                raise
+                say("sibling: no victim yet")
+                return
             time.sleep(0.1)
     # The victim is alive now (it is waiting for us): find its token and use it.
     body = {"model": "policy", "messages": [{"role": "user", "content": "hijacked"}]}
@@ -212,6 +226,7 @@ def sibling(know: dict[str, Any]) -> None:
             "result", post(f"{GATEWAY}/s/{token}/result", PASS, token))
     conn.sendall(b"done")
     conn.close()
+    open("released", "w").close()
 
 
 def everything(know: dict[str, Any]) -> None:

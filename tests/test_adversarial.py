@@ -120,12 +120,12 @@ def attack_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, attac
     script.write_text(yaml.safe_dump(solutions(know)))
     options = executor_options or {"sandbox": mode, "base_dir": str(base)}
     config = RunConfig(engine=EngineConfig(name="scripted", options={"script": str(script)}),
-                       harness="mini", harness_options={"max_steps": 3},
+                       harness="mini", harness_options={"max_steps": 5},
                        environment="attack_plugins:AttackEnv",
                        environment_options={"attacks": list(attacks), "data": str(data)},
                        reward="checker", executor=executor, executor_options=options,
                        runs_dir=runs, concurrency=concurrency, k=1, max_infra_retries=1,
-                       timeout_s=90)
+                       timeout_s=180)
     summary = run_from_config(config)
     run = AttackRun(mode, summary.run_dir, data,
                     {r.task_id: r for r in read_results(summary.run_dir)})
