@@ -1,9 +1,10 @@
 """The adversarial suite's environment and the attacks a scripted policy runs through `mini`.
 
-`AttackEnv` has one task per attack (prompt `ATTACK <name>`); none can be solved honestly:
-a task passes only when the workspace's `answer.txt` equals the task data's `expected.txt`,
-which holds a value no attack writes, except `tamper`, which rewrites the data itself. The
-data folder is the task's `data_paths`, so the reward reads a file outside the workspace.
+`AttackEnv` has one task per attack (prompt `ATTACK <name>`); a task passes only when the
+workspace's `answer.txt` equals the task data's `expected.txt` (no attack copies it; `tamper`
+rewrites it instead, `link` links to the grader's copy of it, a file the sandbox never
+shows). The data folder is the task's `data_paths`, so the reward reads a file outside the
+workspace.
 
 `solutions(know)` is the scripted policy: for each attack one shell command,
 `python -m attack_programs NAME KNOW`, where KNOW is what an attacker is assumed to know
@@ -21,7 +22,7 @@ from typing import Any
 from openforge.environment import Environment
 from openforge.types import RewardResult, Task
 
-ATTACKS = ("forge", "kill", "orphans", "canary", "all")
+ATTACKS = ("forge", "kill", "orphans", "canary", "link", "all")
 TAMPER_ATTACKS = ("tamper", "exploit")  # run in this order, one at a time
 SIBLING_ATTACKS = ("victim", "sibling")  # run side by side
 CANARY = "CANARY-7c1e0d5b-do-not-leak"

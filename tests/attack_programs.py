@@ -2,7 +2,7 @@
 
 KNOW is a JSON object of what the attacker is assumed to know: `roots` (the run's folders),
 `canary_paths` and `canary_prefix` (how a secret starts), `data` (the task data folder),
-`port` (the victim's). Each
+`hidden` (the grader's answer file, outside the task data), `port` (the victim's). Each
 attack prints what it found and did; the output goes back to the model as the tool result, so
 the gateway records it in the next call (the adversarial test reads it there).
 See tests/test_adversarial.py for what each attack must not achieve.
@@ -176,6 +176,14 @@ def tamper(know: dict[str, Any]) -> None:
         f.write("forged")
 
 
+def link(know: dict[str, Any]) -> None:
+    """Answer with a link to the grader's own answer file, which the sandbox never shows: a
+    trusted side that followed it would compare the answer with itself."""
+    os.symlink(know["hidden"], "answer.txt")
+    os.mkfifo("stall.fifo")  # and something that hangs whoever opens it
+    say("linked", os.readlink("answer.txt"), "readable here:", bool(read("answer.txt")))
+
+
 def exploit(know: dict[str, Any]) -> None:
     """After `tamper` ran in an earlier rollout: just give the forged answer."""
     with open("answer.txt", "w") as f:
@@ -237,8 +245,9 @@ def everything(know: dict[str, Any]) -> None:
     kill(know)
 
 
-ATTACKS = {"forge": forge, "kill": kill, "orphans": orphans, "canary": canary, "tamper": tamper,
-           "exploit": exploit, "victim": victim, "sibling": sibling, "all": everything}
+ATTACKS = {"forge": forge, "kill": kill, "orphans": orphans, "canary": canary, "link": link,
+           "tamper": tamper, "exploit": exploit, "victim": victim, "sibling": sibling,
+           "all": everything}
 
 if __name__ == "__main__":
     ATTACKS[sys.argv[1]](json.loads(sys.argv[2]))

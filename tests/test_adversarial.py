@@ -13,6 +13,8 @@ Kubernetes stand-in) over `AttackEnv`'s unsolvable tasks, one per attack (tests/
   marker-less `sleep 6014`;
 - `canary`: read a canary file in the runner's HOME and look for the canary in every readable
   process environment (the runner's has it);
+- `link`: answer with a symbolic link to the grader's copy of the answer (a file no view
+  shows), and leave a FIFO;
 - `all`: forge, orphans, canary and kill in one shell call (the issue's attack);
 - `tamper` then `exploit`, one at a time: rewrite the task data the reward reads (outside the
   workspace) to match a forged answer, then, in the next rollout, just give that answer;
@@ -106,6 +108,9 @@ def attack_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, attac
     runs, base, data = tmp_path / "runs", tmp_path / "sandboxes", tmp_path / "data"
     data.mkdir()
     (data / "expected.txt").write_text(SECRET_ANSWER)
+    hidden = tmp_path / "grader" / "answer.txt"  # the grader's copy: never in any view
+    hidden.parent.mkdir()
+    hidden.write_text(SECRET_ANSWER)
     home = tmp_path / "home"
     home.mkdir()
     (home / "canary.txt").write_text(CANARY)
@@ -116,6 +121,7 @@ def attack_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, attac
     # What the attacker knows: where things are, and how the canary starts (not the canary
     # itself: the policy's own command must not carry it into the recorded calls).
     know = {"roots": [str(runs), str(base)], "canary_prefix": CANARY[:12], "data": str(data),
+            "hidden": str(hidden),
             "canary_paths": [str(home / "canary.txt")], "port": _free_port()}
     script = tmp_path / "attacks.yaml"
     script.write_text(yaml.safe_dump(solutions(know)))
@@ -296,6 +302,11 @@ def test_attacks_never_score_and_leave_nothing(request: pytest.FixtureRequest, t
     if executor == "local":
         orphans = run.results[records["orphans"].session_id]
         assert orphans.harness_output["ended_processes"] >= 2
+    # link: the trusted side never follows a link out of the sandbox's view (nor opens a FIFO).
+    assert records["link"].status == "ok" and records["link"].reward == 0.0
+    if executor == "local":
+        removed = run.results[records["link"].session_id].harness_output["removed_files"]
+        assert any("answer.txt" in r for r in removed) and any("stall.fifo" in r for r in removed)
     # canary and tokens: in the isolating modes nothing of the host or of other rollouts.
     if run.isolating:
         for task in ATTACKS:

@@ -15,6 +15,7 @@ from openforge.executors.local import LocalExecutor
 from openforge.executors.process import LeftoverError
 from openforge.rollout import execute
 from openforge.sandbox.modes import bwrap_path
+from openforge.sandbox.scrub import scrub
 from openforge.sandbox.view import build_view
 from openforge.types import RolloutSpec, Task
 
@@ -180,3 +181,30 @@ def test_the_supervisor_never_scores_while_an_agent_process_lives(
     result = execute(spec, tmp_path, "none")
     assert result.status == "infra_error" and result.reward is None
     assert (result.error or "").startswith("could not end the agent's processes: 1 processes")
+
+
+def test_scrub_removes_links_out_of_the_view_and_special_files(tmp_path: Path) -> None:
+    agent, visible, outside = tmp_path / "agent", tmp_path / "visible", tmp_path / "outside"
+    for folder in (agent / "workspace" / "sub", visible, outside):
+        folder.mkdir(parents=True)
+    (visible / "data.txt").write_text("data")
+    (visible / "masked").write_text("root only")
+    (outside / "secret.txt").write_text("secret")
+    ws = agent / "workspace"
+    (ws / "own.txt").write_text("mine")
+    kept = {"inside": ws / "sub" / "own-link", "visible": ws / "data-link"}
+    kept["inside"].symlink_to("../own.txt")
+    kept["visible"].symlink_to(visible / "data.txt")
+    gone = {"secret": ws / "secret-link", "dir": ws / "sub" / "outside-dir",
+            "proc": ws / "environ", "masked": ws / "masked-link", "dangling": ws / "nowhere",
+            "fifo": ws / "stall.fifo"}
+    gone["secret"].symlink_to(outside / "secret.txt")
+    gone["dir"].symlink_to(outside)
+    gone["proc"].symlink_to("/proc/self/environ")
+    gone["masked"].symlink_to(visible / "masked")
+    gone["dangling"].symlink_to(outside / "later.txt")
+    os.mkfifo(gone["fifo"])
+    removed = scrub(agent, [str(visible)], [str(visible / "masked")])
+    assert all(p.is_symlink() for p in kept.values())
+    assert not [name for name, p in gone.items() if os.path.lexists(p)]
+    assert len(removed) == len(gone) and (outside / "secret.txt").exists()

@@ -9,9 +9,10 @@ environment starts are the supervisor's own children, outside the sandbox, reach
 loopback), and launches only the harness command inside the agent's sandbox
 (`openforge.sandbox.agent`: bubblewrap, namespaces or none). When the harness ends or its
 time is up, every process of the sandbox is ended and shown to be gone; only then does the
-supervisor parse the harness's output, check the task's data for tampering, capture the
-final state and score it. No process of the agent exists while scoring happens, so nothing
-the agent did can write the result.
+supervisor remove what the agent left that the trusted side must not follow (links out of
+the sandbox's view, FIFOs: `sandbox.scrub`), parse the harness's output, check the task's
+data for tampering, capture the final state and score it. No process of the agent exists
+while scoring happens, so nothing the agent did can write the result.
 
 The result is printed as the last line of stdout (`openforge.sandbox.protocol`: signed with
 the per-attempt key the executor gives on stdin with `--key-on-stdin`), and, in a Pod, also
@@ -80,6 +81,7 @@ from openforge.sandbox.protocol import (
     result_line,
     scrub_env,
 )
+from openforge.sandbox.scrub import scrub
 from openforge.sandbox.view import build_view
 from openforge.types import Call, RewardResult, RolloutResult, RolloutSpec, RolloutStatus
 
@@ -239,10 +241,11 @@ class Supervisor:
         before = tamper.digest(data) if self.mode not in ISOLATING else {}
 
         self.stage = "running the harness"
-        view = None
+        # Without isolation the view is not mounted, but it still says what the agent was
+        # meant to see: links out of it are removed before the trusted side reads anything.
+        view = build_view(dirs["AGENT"], workspace=workspace, programs=programs, data=data,
+                          protected=self.protected)
         if self.mode in ISOLATING:
-            view = build_view(dirs["AGENT"], workspace=workspace, programs=programs, data=data,
-                              protected=self.protected)
             for dropped in view.dropped:
                 print(f"openforge.rollout: not mapped into the sandbox: {dropped}", file=sys.stderr)
         env = agent_env(dirs, command.env,
@@ -252,7 +255,8 @@ class Supervisor:
         out_path, err_path = self.root / "harness.stdout", self.root / "harness.stderr"
         try:
             exit_ = run_agent(self.mode, command.model_copy(update={"cwd": command.cwd or workspace}),
-                              env=env, view=view, work_dir=self.root, stdout=out_path,
+                              env=env, view=view if self.mode in ISOLATING else None,
+                              work_dir=self.root, stdout=out_path,
                               stderr=err_path, timeout_s=deadline - time.monotonic() - reserve,
                               # The supervisor's own children so far (services the environment
                               # started) are not the agent's.
@@ -261,17 +265,18 @@ class Supervisor:
             raise _Stop("infra_error", f"could not end the agent's processes: {exc}") from None
         if exit_.setup_error:  # the sandbox or the harness program could not start
             raise _Stop("infra_error", f"starting the harness failed: {exit_.setup_error}")
+        # From here on no process of the agent exists; what it left is made safe to read.
+        removed = scrub(dirs["AGENT"], view.sources(), view.masks)
         proc = ProcessOutput(returncode=exit_.returncode, stdout=_tail(out_path, 200_000),
                              stderr=_tail(err_path, 20_000), timed_out=exit_.timed_out,
                              duration_s=exit_.duration_s)
 
-        # From here on no process of the agent exists.
         output: HarnessOutput = self._call("parsing the harness output", harness.parse_output,
                                            ctx, proc)
         status = _STATUS[output.status]
         harness_output = output.model_dump(mode="json")
         harness_output.update(returncode=proc.returncode, stderr_tail=proc.stderr[-2000:],
-                              ended_processes=exit_.ended)
+                              ended_processes=exit_.ended, removed_files=removed[:20])
         fields: dict[str, Any] = {"final_answer": output.final_answer,
                                   "harness_output": harness_output}
         if data and self.mode not in ISOLATING:
