@@ -4,7 +4,8 @@
 workspace's `answer.txt` equals the task data's `expected.txt` (no attack copies it; `tamper`
 rewrites it instead, `link` links to the grader's copy of it, a file the sandbox never
 shows). The data folder is the task's `data_paths`, so the reward reads a file outside the
-workspace.
+workspace. Like a checker that runs the agent's tests, the check also runs the workspace's
+`verify.py` when there is one (through `openforge.sandbox.verifier`).
 
 `solutions(know)` is the scripted policy: for each attack one shell command,
 `python -m attack_programs NAME KNOW`, where KNOW is what an attacker is assumed to know
@@ -15,14 +16,16 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from openforge.environment import Environment
+from openforge.sandbox import verifier
 from openforge.types import RewardResult, Task
 
-ATTACKS = ("forge", "kill", "orphans", "canary", "link", "all")
+ATTACKS = ("forge", "kill", "orphans", "canary", "link", "trojan", "all")
 TAMPER_ATTACKS = ("tamper", "exploit")  # run in this order, one at a time
 SIBLING_ATTACKS = ("victim", "sibling")  # run side by side
 CANARY = "CANARY-7c1e0d5b-do-not-leak"
@@ -43,7 +46,12 @@ class AttackEnv(Environment):
         answer = workspace / "answer.txt"
         expected = Path(self.options["data"]) / "expected.txt"
         ok = answer.exists() and answer.read_text() == expected.read_text()
-        return RewardResult(score=1.0 if ok else 0.0, passed=ok)
+        details: dict[str, Any] = {}
+        if (workspace / "verify.py").exists():
+            # Like a checker that runs the agent's tests: what the agent wrote, run to score.
+            ran = verifier.run([sys.executable, "verify.py"], cwd=workspace, timeout_s=60)
+            details["verify_output"] = (ran.stdout + ran.stderr)[-3000:]
+        return RewardResult(score=1.0 if ok else 0.0, passed=ok, details=details)
 
 
 # -- the policy -----------------------------------------------------------------------------------

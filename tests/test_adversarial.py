@@ -15,6 +15,8 @@ Kubernetes stand-in) over `AttackEnv`'s unsolvable tasks, one per attack (tests/
   process environment (the runner's has it);
 - `link`: answer with a symbolic link to the grader's copy of the answer (a file no view
   shows), and leave a FIFO;
+- `trojan`: leave a script the checker runs while scoring, which reads the host and makes a
+  model call with the agent's token;
 - `all`: forge, orphans, canary and kill in one shell call (the issue's attack);
 - `tamper` then `exploit`, one at a time: rewrite the task data the reward reads (outside the
   workspace) to match a forged answer, then, in the next rollout, just give that answer;
@@ -307,6 +309,15 @@ def test_attacks_never_score_and_leave_nothing(request: pytest.FixtureRequest, t
     if executor == "local":
         removed = run.results[records["link"].session_id].harness_output["removed_files"]
         assert any("answer.txt" in r for r in removed) and any("stall.fifo" in r for r in removed)
+    # trojan: the agent's script the checker runs cannot add a call (the session is sealed
+    # before scoring) and, isolated, sees no more of the host than the agent did.
+    trojan = str(records["trojan"].reward_details.get("verify_output"))
+    assert records["trojan"].status == "ok" and records["trojan"].reward == 0.0
+    assert "CALL 401" in trojan, trojan
+    assert not [c for task_calls in run.calls.values() for c in task_calls
+                if "from-the-checker" in json.dumps(c.request)]
+    if run.isolating:
+        assert "READ canary: not there" in trojan and "READ hidden: False" in trojan
     # canary and tokens: in the isolating modes nothing of the host or of other rollouts.
     if run.isolating:
         for task in ATTACKS:

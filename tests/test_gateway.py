@@ -205,6 +205,18 @@ async def test_calls_are_read_with_the_scoring_credential_never_a_session_token(
         ]
         assert {x.status_code for x in refused} == {401}
         assert len({x.content for x in refused}) == 1
+        # Sealing (the supervisor, once its agent ended) needs the scoring credential too,
+        # and then the session takes no more model calls; its calls stay readable.
+        seal = f"/scoring/sessions/{mine.id}/seal"
+        assert (await h.post(seal, headers={"authorization": f"Bearer {mine.token}"})
+                ).status_code == 401
+        assert (await h.post(seal, headers={"authorization": f"Bearer {mine.scoring_token}"})
+                ).status_code == 200
+        late = await h.post(f"/s/{mine.token}/v1/chat/completions",
+                            json={"model": "p", "messages": [{"role": "user", "content": "x"}]})
+        assert late.status_code == 401
+        again = await h.get(route, headers={"authorization": f"Bearer {mine.scoring_token}"})
+        assert len(again.json()["calls"]) == 1
         # The routes that once let a token read calls or write a result are gone.
         assert (await h.get(f"/s/{mine.token}/calls")).status_code == 404
         forged = {"rollout_id": "r1", "status": "ok", "reward": {"score": 1.0, "passed": True}}

@@ -65,7 +65,7 @@ from openforge.harness import (
     ProcessOutput,
 )
 from openforge.reward import Reward
-from openforge.sandbox import tamper
+from openforge.sandbox import tamper, verifier
 from openforge.sandbox.agent import run_agent
 from openforge.sandbox.modes import (
     ISOLATING,
@@ -248,9 +248,8 @@ class Supervisor:
         if self.mode in ISOLATING:
             for dropped in view.dropped:
                 print(f"openforge.rollout: not mapped into the sandbox: {dropped}", file=sys.stderr)
-        env = agent_env(dirs, command.env,
-                        os.environ.get(MARKER_ENV) or f"{spec.rollout_id}-{os.getpid()}",
-                        self.pass_env)
+        marker = os.environ.get(MARKER_ENV) or f"{spec.rollout_id}-{os.getpid()}"
+        env = agent_env(dirs, command.env, marker, self.pass_env)
         reserve = min(_RESERVE_S, spec.timeout_s * 0.2)
         out_path, err_path = self.root / "harness.stdout", self.root / "harness.stderr"
         try:
@@ -265,7 +264,10 @@ class Supervisor:
             raise _Stop("infra_error", f"could not end the agent's processes: {exc}") from None
         if exit_.setup_error:  # the sandbox or the harness program could not start
             raise _Stop("infra_error", f"starting the harness failed: {exit_.setup_error}")
-        # From here on no process of the agent exists; what it left is made safe to read.
+        # From here on no process of the agent exists: its session takes no more model calls
+        # (nothing that runs while we score can add one), and what it left is made safe.
+        self.stage = "sealing the session"
+        seal_session(spec)
         removed = scrub(dirs["AGENT"], view.sources(), view.masks)
         proc = ProcessOutput(returncode=exit_.returncode, stdout=_tail(out_path, 200_000),
                              stderr=_tail(err_path, 20_000), timed_out=exit_.timed_out,
@@ -279,29 +281,78 @@ class Supervisor:
                               ended_processes=exit_.ended, removed_files=removed[:20])
         fields: dict[str, Any] = {"final_answer": output.final_answer,
                                   "harness_output": harness_output}
-        if data and self.mode not in ISOLATING:
-            changed = tamper.changes(before, tamper.digest(data))
-            if changed:  # the agent did it: scored 0, labelled (docs/sandboxing.md)
-                verdict = RewardResult(score=0.0, passed=False, details={
-                    "violation": "task data changed", "paths": changed[:20]})
-                return {**fields, "status": "violation", "reward": verdict,
-                        "error": "violation: the agent changed the task's data: "
-                                 + ", ".join(changed[:5])}
+        violation = self._violation(data, before, fields)
+        if violation is not None:
+            return violation
         if status not in ("ok", "harness_error"):
             return {**fields, "status": status, "error": output.error or f"harness {output.status}"}
-        final_state = dict(self._call("capturing the final state", environment.final_state,
-                                      spec.task, workspace))
-        # Rewards that judge the answer rather than the workspace read it from here.
-        final_state.setdefault("final_answer", output.final_answer)
-        final_state.setdefault("harness_status", output.status)
-        self.stage = "fetching the recorded calls"
-        calls = fetch_calls(spec) if reward.wants_calls else None
-        verdict = self._call("scoring", reward.score, spec.task, environment, workspace,
-                             final_state, calls)
+        # Scoring code that runs what the agent wrote runs it in a fresh sandbox of this
+        # attempt (openforge.sandbox.verifier), without the session token.
+        with verifier.active(self.mode, view, dirs["AGENT"], self.root,
+                             agent_env(dirs, {}, marker, self.pass_env)) as checks:
+            final_state = dict(self._call("capturing the final state", environment.final_state,
+                                          spec.task, workspace))
+            # Rewards that judge the answer rather than the workspace read it from here.
+            final_state.setdefault("final_answer", output.final_answer)
+            final_state.setdefault("harness_status", output.status)
+            self.stage = "fetching the recorded calls"
+            calls = fetch_calls(spec) if reward.wants_calls else None
+            verdict = self._call("scoring", reward.score, spec.task, environment, workspace,
+                                 final_state, calls)
+        removed += checks.removed
+        harness_output["removed_files"] = removed[:20]
         if not isinstance(verdict, RewardResult):
             raise _Stop("plugin_error", f"scoring failed: the reward returned "
                                         f"{type(verdict).__name__}, not a RewardResult")
+        # What the checks ran of the agent's could have changed the data too.
+        violation = self._violation(data, before, fields)
+        if violation is not None:
+            return violation
         return {**fields, "status": status, "reward": verdict, "error": output.error}
+
+    def _violation(self, data: list[Path], before: dict[str, str],
+                   fields: dict[str, Any]) -> dict[str, Any] | None:
+        """The verdict when the task's data changed under the agent (sandbox none only)."""
+        if not data or self.mode in ISOLATING:
+            return None
+        changed = tamper.changes(before, tamper.digest(data))
+        if not changed:
+            return None
+        # The agent did it: scored 0, labelled (docs/sandboxing.md).
+        verdict = RewardResult(score=0.0, passed=False, details={
+            "violation": "task data changed", "paths": changed[:20]})
+        return {**fields, "status": "violation", "reward": verdict,
+                "error": "violation: the agent changed the task's data: " + ", ".join(changed[:5])}
+
+
+def _scoring(spec: RolloutSpec, method: str, route: str) -> Any:
+    """A scoring route of the spec's session, with its scoring credential (the JSON answer)."""
+    import httpx  # only the trusted side's scoring routes need it
+
+    url = f"{spec.gateway_url.rstrip('/')}/scoring/sessions/{spec.session_id}/{route}"
+    headers = {"authorization": f"Bearer {spec.scoring_token}"}
+    for attempt in range(3):
+        try:
+            response = httpx.request(method, url, headers=headers, timeout=60.0)
+            response.raise_for_status()
+            return response.json()
+        except httpx.TransportError:
+            if attempt == 2:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("not reached")
+
+
+def seal_session(spec: RolloutSpec) -> None:
+    """Close the session for model calls now that its agent has ended (when the spec has the
+    credential to; specs without one come from tests and tools that score offline)."""
+    if not spec.scoring_token or not spec.session_id:
+        return
+    try:
+        _scoring(spec, "POST", "seal")
+    except Exception as exc:  # noqa: BLE001 - any failure: never score an unsealed session
+        raise _Stop("infra_error", f"sealing the session failed: {type(exc).__name__}: "
+                                   f"{exc}"[:2000]) from None
 
 
 def fetch_calls(spec: RolloutSpec) -> list[Call]:
@@ -309,15 +360,9 @@ def fetch_calls(spec: RolloutSpec) -> list[Call]:
     if not spec.scoring_token or not spec.session_id:
         raise _Stop("infra_error", "the reward wants the recorded calls, but the spec carries no "
                                    "scoring credential for its session")
-    import httpx  # only rewards that read the trajectory pay for the import
-
-    url = f"{spec.gateway_url.rstrip('/')}/scoring/sessions/{spec.session_id}/calls"
     try:
-        response = httpx.get(url, headers={"authorization": f"Bearer {spec.scoring_token}"},
-                             timeout=60.0)
-        response.raise_for_status()
-        return [Call.model_validate(c) for c in response.json()["calls"]]
-    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        return [Call.model_validate(c) for c in _scoring(spec, "GET", "calls")["calls"]]
+    except Exception as exc:  # noqa: BLE001 - the gateway did not answer: infrastructure
         raise _Stop("infra_error", f"fetching the recorded calls failed: {type(exc).__name__}: "
                                    f"{exc}"[:2000]) from None
 

@@ -7,8 +7,9 @@ API key (`Authorization: Bearer` or `x-api-key`); when both the path and a key c
 they must agree. Every rejection of a token is the same 401, whether the token does not
 exist, is closed, or belongs to another session: nothing leaks about other sessions.
 A session token is good for model calls only: no route takes a result or a reward from it.
-The trusted side reads a session's calls at `/scoring/sessions/{id}/calls` with the
-session's scoring credential (returned when the session is opened, never given to the agent).
+The trusted side reads a session's calls at `/scoring/sessions/{id}/calls`, and closes the
+session once its agent has ended (`/scoring/sessions/{id}/seal`), with the session's scoring
+credential (returned when the session is opened, never given to the agent).
 
 Model names: any name is accepted on generation routes (harnesses hard-code model names;
 the gateway serves the one policy whatever they ask for). `GET /v1/models` lists the served
@@ -70,7 +71,7 @@ from openforge.gateway.images import (
 from openforge.gateway.render import ModelBundle, RenderedPrompt, SessionTokens
 from openforge.gateway.sessions import LiveSession, SessionRegistry
 from openforge.store import Store, ids_to_blob, secret_hash
-from openforge.types import Call, SamplingParams
+from openforge.types import Call, SamplingParams, Session
 
 log = logging.getLogger("openforge.gateway")
 
@@ -315,20 +316,43 @@ def _model_card(state: GatewayState) -> dict[str, Any]:
             "type": "model", "display_name": name}
 
 
+def _scored_session(request: Request, state: GatewayState) -> Session | None:
+    """The session the request's scoring credential belongs to, or None (any wrong key)."""
+    session = state.store.get_session(request.path_params["session_id"])
+    key = _api_key(request) or ""
+    if session is None or not session.scoring_hash or not hmac.compare_digest(
+            secret_hash(key).encode(), session.scoring_hash.encode()):
+        return None
+    return session
+
+
+_SCORING_ONLY = ("scoring routes need 'Authorization: Bearer <the session's scoring "
+                 "credential>'")
+
+
 async def scoring_calls(request: Request) -> Response:
     """`GET /scoring/sessions/{id}/calls`: a session's recorded calls, for the trusted side that
     scores it (rewards that read the trajectory). Authenticated with the session's scoring
     credential, which only the rollout supervisor holds; a session token, which the agent
     holds, is refused like any wrong key (the same 401 whatever was wrong)."""
     state: GatewayState = request.app.state.gateway
-    session = state.store.get_session(request.path_params["session_id"])
-    key = _api_key(request) or ""
-    if session is None or not session.scoring_hash or not hmac.compare_digest(
-            secret_hash(key).encode(), session.scoring_hash.encode()):
-        return _plain_error(401, "scoring routes need 'Authorization: Bearer <the session's "
-                                 "scoring credential>'", "authentication_error")
+    session = _scored_session(request, state)
+    if session is None:
+        return _plain_error(401, _SCORING_ONLY, "authentication_error")
     calls = state.store.list_calls(session.id)
     return _json(200, {"calls": [c.model_dump(mode="json") for c in calls]})
+
+
+async def scoring_seal(request: Request) -> Response:
+    """`POST /scoring/sessions/{id}/seal`: the supervisor closes its session as soon as the
+    agent has ended, so nothing that runs while it scores (a checker running the agent's
+    code) can add a model call to the trajectory. Same authentication as the calls route."""
+    state: GatewayState = request.app.state.gateway
+    session = _scored_session(request, state)
+    if session is None:
+        return _plain_error(401, _SCORING_ONLY, "authentication_error")
+    state.sessions.close(session.id)
+    return _json(200, {"sealed": True})
 
 
 def _resolve_images(state: GatewayState, chat: ChatRequest) -> list[ImageRef]:
@@ -735,6 +759,7 @@ def create_app(state: GatewayState) -> Starlette:
         *_model_routes("/s/{token}/v1"),
         *_model_routes("/v1"),
         Route("/scoring/sessions/{session_id}/calls", scoring_calls, methods=["GET"]),
+        Route("/scoring/sessions/{session_id}/seal", scoring_seal, methods=["POST"]),
         Route("/admin/sessions", _admin(admin_open_session), methods=["POST"]),
         Route("/admin/sessions", _admin(admin_list_sessions), methods=["GET"]),
         Route("/admin/sessions/{session_id}/close", _admin(admin_close_session), methods=["POST"]),
