@@ -114,7 +114,8 @@ def make_spec(run_id: str, harness: str = "OkHarness", n: int = 0,
                        task=Task(id="only", prompt="write ok.txt"), harness=f"{module}:{harness}",
                        harness_options=harness_options or {}, environment=env, reward="checker",
                        gateway_url="http://127.0.0.1:9",  # these harnesses make no model call
-                       session_token=f"tok-{run_id}-{n}-{uuid.uuid4().hex}", timeout_s=timeout_s)
+                       session_token=f"tok-{run_id}-{n}-{uuid.uuid4().hex}",
+                       session_id=f"sid-{run_id}-{n}", timeout_s=timeout_s)
 
 
 async def left_behind(cluster: Cluster, kube: KubeApi, run_id: str) -> str:
@@ -199,6 +200,7 @@ async def test_results_come_from_the_verifier_and_nothing_is_left(
     assert result.status == "ok", result.error
     assert result.reward is not None and result.reward.passed
     assert result.final_answer == "waited"
+    assert result.session_id == spec.session_id and result.sandbox == "pod"
     # The agent failing on its own is scored (0), not an infrastructure failure.
     assert failure.status == "harness_error", failure.error
     assert failure.reward is not None and failure.reward.score == 0.0

@@ -213,6 +213,33 @@ def test_termination_message_fits_in_4k_and_parses_back() -> None:
     assert parse_result("OPENFORGE_RESULT {not json") is None
 
 
+def test_a_termination_message_is_taken_only_with_the_attempts_signature() -> None:
+    from openforge.sandbox.protocol import scoring_result_key
+    from openforge.store import secret_hash
+
+    spec = RolloutSpec(run_id="run", rollout_id="r", task=Task(id="t", prompt="p"), harness="h",
+                       environment="e", reward="w", gateway_url="http://gw", session_token="tok",
+                       session_id="s", scoring_token="the-scoring-credential")
+    key = scoring_result_key(spec)
+    assert key is not None
+    result = RolloutResult(rollout_id="r", task_id="t", session_id="s", status="ok",
+                           reward=RewardResult(score=1.0, passed=True))
+    signed = compact_message(result, key)
+    assert parse_result(signed, key) == result.model_copy(update={"harness_output": {}})
+    # A resumed executor holds only the credential's hash (the store's): the same key.
+    resumed = spec.model_copy(update={"scoring_token": "",
+                                      "scoring_hash": secret_hash(spec.scoring_token)})
+    assert scoring_result_key(resumed) == key
+    assert "scoring_hash" not in resumed.model_dump()  # never sent into a Pod
+    # Unsigned, signed with another key, or altered after signing: no result.
+    assert parse_result(compact_message(result), key) is None
+    assert parse_result(compact_message(result, b"k" * 32), key) is None
+    assert parse_result(signed.replace('"score": 1.0', '"score": 0.9'), key) is None
+    # The key is in no part of the Pod's spec digest, nor the credential it comes from.
+    assert spec_digest(spec, KubernetesOptions(image="i")) == \
+        spec_digest(resumed, KubernetesOptions(image="i"))
+
+
 def _waiting(reason: str, message: str, name: str = "agent") -> dict[str, Any]:
     return {"status": {"phase": "Pending", "initContainerStatuses": [
         {"name": name, "state": {"waiting": {"reason": reason, "message": message}}}]}}

@@ -40,8 +40,8 @@ from typing import Any
 import psutil
 
 from openforge.executors.process import die_with_parent, kill_tree
+from openforge.sandbox.protocol import MARKER_ENV  # noqa: E402
 
-MARKER_ENV = "OPENFORGE_SANDBOX_ID"
 # This process's stand-ins only: other test runs on the machine have stand-ins of their own.
 MARKER_PREFIX = f"k8s-standin-{os.getpid()}-"
 # The PID namespaces of the containers started here and not yet ended (`standin_processes`).

@@ -3,7 +3,8 @@
 One bare Pod per attempt (`restartPolicy: Never`; the runner owns retries), three containers
 (see `k8s_sandbox`): a trusted `supervisor` sidecar, the `agent` init container that runs
 only the harness, and the trusted `verifier`, the one container whose termination message
-the executor reads. The spec, with the session token, travels in a Secret of the same name,
+the executor reads. The spec, with the session token and the scoring credential (from which
+the result's signing key is derived), travels in a Secret of the same name,
 never in the Pod spec (anyone who may `get pods` would read it); only the supervisor mounts
 it. Ownership runs `run ConfigMap -> Secret -> Pod`: deleting the Secret lets the garbage
 collector delete the Pod gracefully, and deleting the run's ConfigMap removes everything.
@@ -25,15 +26,12 @@ from typing import Any, Literal
 from kubernetes_asyncio.client import models as k8s
 from pydantic import BaseModel, ConfigDict, Field
 
-from openforge.executors.k8s_sandbox import (
-    AGENT,
+from openforge.executors.k8s_sandbox import AGENT, READY, SUPERVISOR, VERIFIER
+from openforge.sandbox.protocol import (
     AGENT_DIR_ENV,
-    READY,
     SPEC_FILE_ENV,
-    SUPERVISOR,
     TERMINATION_LOG_ENV,
     TRUSTED_DIR_ENV,
-    VERIFIER,
     WORKSPACE_ENV,
 )
 from openforge.types import RolloutSpec
@@ -158,7 +156,8 @@ def spec_digest(spec: RolloutSpec, options: KubernetesOptions) -> str:
     Credentials are left out: a resumed runner names the try by its rollout id and session,
     and may no longer hold the token in clear (the Pod's Secret does).
     """
-    bare = in_pod_spec(spec, options).model_copy(update={"session_token": ""})
+    bare = in_pod_spec(spec, options).model_copy(update={"session_token": "",
+                                                         "scoring_token": ""})
     return _digest(bare.model_dump_json(), size=16)
 
 

@@ -2,8 +2,9 @@
 
 The result travels in exactly one place: the termination message of the Pod's `verifier`
 container (at most 4 KiB, kept in the Pod status, so it costs no API call), written by
-trusted code after the agent's container ended. Nothing the agent writes (its own log, its
-own termination message, a file) is ever read as a result.
+trusted code after the agent's container ended, as a result line of the sandbox protocol
+(`openforge.sandbox.protocol`) signed with the attempt's key. Nothing the agent writes (its
+own log, its own termination message, a file) is ever read as a result.
 
 When there is no result, the Pod says why, and the Pod-level reason wins over container
 exit codes: an eviction kills containers with 137, a deadline with 143, yet the cause is
@@ -15,14 +16,14 @@ These functions only read; the executor decides what to do.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from openforge.sandbox.protocol import ResultRefused, result_line
+from openforge.sandbox.protocol import parse_result as parse_result_line
 from openforge.types import RolloutResult
 
-RESULT_PREFIX = "OPENFORGE_RESULT "
 MAX_MESSAGE = 4096
 Pod = dict[str, Any]
 
@@ -62,29 +63,26 @@ class Cause:
 # -- the result ----------------------------------------------------------------------------------
 
 
-def compact_message(result: RolloutResult) -> str:
-    """The result as one `OPENFORGE_RESULT {json}` line of at most 4 KiB."""
+def compact_message(result: RolloutResult, key: bytes | None = None) -> str:
+    """The result as one signed `OPENFORGE_RESULT SIG {json}` line of at most 4 KiB."""
     body = result.model_dump(mode="json", exclude={"harness_output"})
-    line = RESULT_PREFIX + json.dumps(body)
+    line = result_line(body, key)
     if len(line.encode()) > MAX_MESSAGE:
-        for key in ("final_answer", "error"):
-            if body.get(key):
-                body[key] = body[key][:500]
+        for name in ("final_answer", "error"):
+            if body.get(name):
+                body[name] = body[name][:500]
         if body.get("reward"):
             body["reward"]["details"] = {}
-        line = RESULT_PREFIX + json.dumps(body)
+        line = result_line(body, key)
     return line if len(line.encode()) <= MAX_MESSAGE else ""
 
 
-def parse_result(text: str) -> RolloutResult | None:
-    """The last `OPENFORGE_RESULT` line of `text` as a result, if there is a valid one."""
-    for line in reversed(text.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            try:
-                return RolloutResult.model_validate_json(line[len(RESULT_PREFIX):])
-            except ValueError:
-                return None
-    return None
+def parse_result(text: str, key: bytes | None = None) -> RolloutResult | None:
+    """The result on the last non-empty line of `text`, if it is one signed with `key`."""
+    try:
+        return parse_result_line(text, key)
+    except ResultRefused:
+        return None
 
 
 # -- container states ----------------------------------------------------------------------------

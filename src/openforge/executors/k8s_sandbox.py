@@ -4,14 +4,19 @@ The Pod `k8s_pods.build_pod` makes runs one role per container, in the order the
 guarantees (init containers one after the other, a native sidecar started first and kept
 running, the main container last):
 
-- `supervisor`, a native sidecar (an init container with `restartPolicy: Always`), trusted.
-  It reads the spec from the attempt's Secret, builds the plugins, prepares the workspace
-  and the environment's services (they stay up beside the agent: the Pod's containers
-  share its network), writes the harness's command for the agent container and then says
-  it is ready (its startup probe lets the next container start). When the verifier
-  connects, the agent container has ended, and every process it started with it (its PID
-  namespace died with it): only then does the supervisor read what the harness left,
-  capture the final state and score it, and it answers the verifier.
+- `supervisor`, a native sidecar (an init container with `restartPolicy: Always`), trusted:
+  the rollout supervisor (`openforge.rollout.Supervisor`, the same code as on a local
+  machine) with a launch hook. It reads the spec from the attempt's Secret, builds the
+  plugins, prepares the workspace and the environment's services (they stay up beside the
+  agent: the Pod's containers share its network), writes the harness's command for the
+  agent container and then says it is ready (its startup probe lets the next container
+  start). When the verifier connects, the agent container has ended, and every process it
+  started with it (its PID namespace died with it): only then does the supervisor seal the
+  session, read what the harness left (links out of the agent's view removed first),
+  capture the final state and score it, and it answers the verifier with the result line
+  signed with the attempt's key (`protocol.scoring_result_key`: derived from the scoring
+  credential, which only this container holds). Checks that run the agent's code while
+  scoring run in a sandbox of this container (the best mode it can build: `auto`).
 - `agent`, an init container: runs the harness command and nothing else. It holds the
   session token (good for model calls only) and no other credential: it mounts neither the
   Secret nor the volume the supervisor and the verifier share. It exits 0 whatever the
@@ -22,9 +27,10 @@ running, the main container last):
   shared volume and writes the answer as its termination message and last log line.
 
 Paths come from the environment (`OPENFORGE_*_DIR`, `OPENFORGE_SPEC_FILE`,
-`OPENFORGE_TERMINATION_LOG`), never from constants, so a stand-in kubelet can map them.
-This module imports only the standard library at the top: the verifier is a few lines of
-socket code and starts fast.
+`OPENFORGE_TERMINATION_LOG`: names from `openforge.sandbox.protocol`), never from
+constants, so a stand-in kubelet can map them. This module imports only the standard
+library and the protocol's names at the top: the verifier is a few lines of socket code and
+starts fast.
 """
 
 from __future__ import annotations
@@ -34,22 +40,28 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from openforge.sandbox.protocol import (
+    AGENT_DIR_ENV,
+    SANDBOX_ENV,
+    SPEC_FILE_ENV,
+    TERMINATION_LOG_ENV,
+    TRUSTED_DIR_ENV,
+    WORKSPACE_ENV,
+)
+
 if TYPE_CHECKING:
-    from openforge.harness import Harness, HarnessContext, ProcessOutput
+    from openforge.harness import Command
+    from openforge.sandbox.agent import AgentExit
     from openforge.types import RolloutResult
 
 SUPERVISOR, AGENT, VERIFIER = "supervisor", "agent", "verifier"
-SPEC_FILE_ENV = "OPENFORGE_SPEC_FILE"
-WORKSPACE_ENV = "OPENFORGE_WORKSPACE_DIR"
-AGENT_DIR_ENV = "OPENFORGE_AGENT_DIR"
-TRUSTED_DIR_ENV = "OPENFORGE_TRUSTED_DIR"
-TERMINATION_LOG_ENV = "OPENFORGE_TERMINATION_LOG"
 # In the trusted volume (relative: a Unix socket path must stay under 108 bytes).
 SOCKET = "supervisor.sock"
 READY = "ready"  # the supervisor's startup probe waits for this file
@@ -57,7 +69,8 @@ STARTED = "supervisor-started"  # a sidecar that finds it was restarted after a 
 # In the agent's volume.
 COMMAND = "command.json"
 EXIT = "exit.json"
-RESULT_PREFIX = "OPENFORGE_RESULT "
+# How much of the harness's stdout / stderr the supervisor reads back (as a local supervisor).
+_OUTPUT_TAIL = {"harness.stdout": 200_000, "harness.stderr": 20_000}
 _CONNECT_S = 120.0  # how long the verifier waits for the supervisor's socket
 
 
@@ -71,6 +84,9 @@ def _dir(env: str) -> Path:
 def supervise() -> int:
     """Prepare, hand the harness to the agent container, score after it ended, answer."""
     from openforge import rollout
+    from openforge.sandbox.agent import AgentExit
+    from openforge.sandbox.modes import SandboxUnavailable, resolve
+    from openforge.sandbox.protocol import scoring_result_key
     from openforge.types import RolloutResult, RolloutSpec
 
     trusted, agent_dir = _dir(TRUSTED_DIR_ENV), _dir(AGENT_DIR_ENV)
@@ -79,68 +95,103 @@ def supervise() -> int:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     restarted = (trusted / STARTED).exists()
     (trusted / STARTED).touch()
+    try:
+        spec = RolloutSpec.model_validate_json(Path(os.environ[SPEC_FILE_ENV]).read_text())
+    except (OSError, ValueError) as exc:
+        _skip_agent(agent_dir, trusted)
+        _listen(server)
+        _serve(server, None, error=f"cannot read the rollout spec: {exc}")
+        return 0
+    key = scoring_result_key(spec)
+    base: dict[str, Any] = {"rollout_id": spec.rollout_id, "task_id": spec.task.id,
+                            "attempt": spec.attempt, "session_id": spec.session_id,
+                            "sandbox": "pod"}
     if restarted:
         # The kubelet restarted this sidecar: its first instance died mid-rollout, so the
         # environment it prepared is gone. Whatever the agent did cannot be scored.
-        spec = RolloutSpec.model_validate_json(Path(os.environ[SPEC_FILE_ENV]).read_text())
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(SOCKET)
-        server.bind(SOCKET)
-        server.listen(4)
+        _listen(server)
         _serve(server, RolloutResult(
-            rollout_id=spec.rollout_id, task_id=spec.task.id, attempt=spec.attempt,
-            status="infra_error", error="the Pod's supervisor container restarted (its first "
-            "instance died): the environment it prepared is gone"))
+            **base, status="infra_error", error="the Pod's supervisor container restarted (its "
+            "first instance died): the environment it prepared is gone"), key=key)
         return 0
-    server.bind(SOCKET)
-    server.listen(4)
+    _listen(server)
     handed_over = False
     pending: list[socket.socket] = []  # the verifier's call, answered once scored
 
-    def launch(harness: Harness, ctx: HarnessContext, root: Path,
-               timeout_s: float) -> ProcessOutput:
+    def launch(command: Command, env: dict[str, str], stdout: Path, stderr: Path,
+               timeout_s: float) -> AgentExit:
         nonlocal handed_over
-        cmd = harness.command(ctx)
         _write_json(agent_dir / COMMAND, {
-            "argv": cmd.argv, "env": cmd.env, "cwd": str(cmd.cwd or ctx.workspace),
-            "stdin": cmd.stdin, "deadline": time.time() + max(timeout_s, 0.1)})
+            "argv": command.argv, "env": env, "cwd": str(command.cwd or agent_dir),
+            "stdin": command.stdin, "deadline": time.time() + max(timeout_s, 0.1)})
         handed_over = True
         (trusted / READY).touch()
         # The verifier starts only after the agent container ended: its call is the signal.
         conn, _ = server.accept()
         pending.append(conn)
+        # What the agent left is read without following links and only from plain files.
         record = _read_json(agent_dir / EXIT) or {}
-        return rollout.read_output(agent_dir, record.get("returncode"),
-                                   bool(record.get("timed_out")),
-                                   float(record.get("duration_s") or 0.0))
+        for target, name in ((stdout, "harness.stdout"), (stderr, "harness.stderr")):
+            target.write_bytes(_tail_of(agent_dir / name, _OUTPUT_TAIL[name]))
+        returncode = record.get("returncode")
+        return AgentExit(returncode=returncode if isinstance(returncode, int) else None,
+                         timed_out=bool(record.get("timed_out")),
+                         duration_s=float(record.get("duration_s") or 0.0))
 
+    root = trusted / "supervisor"
+    root.mkdir(exist_ok=True)
     try:
-        spec = RolloutSpec.model_validate_json(Path(os.environ[SPEC_FILE_ENV]).read_text())
-    except (OSError, ValueError) as exc:
-        _write_json(agent_dir / COMMAND, {"skip": True})
-        (trusted / READY).touch()
-        _serve(server, None, error=f"cannot read the rollout spec: {exc}")
-        return 0
-    result = rollout.execute(spec, agent_dir, launch=launch, workspace=_dir(WORKSPACE_ENV),
-                             home=agent_dir / "home")
+        # The mode of the sandboxes that run the agent's code while scoring (the agent's
+        # own sandbox is its container).
+        mode = resolve(os.environ.get(SANDBOX_ENV) or "auto")
+    except SandboxUnavailable as exc:
+        result = RolloutResult(**base, status="infra_error", error=str(exc))
+    else:
+        result = rollout.execute(spec, root, mode, launch=launch, sandbox="pod",
+                                 agent_dir=agent_dir, workspace=_dir(WORKSPACE_ENV))
     if not handed_over:  # setup failed: the agent has nothing to run
-        _write_json(agent_dir / COMMAND, {"skip": True})
-        (trusted / READY).touch()
-    _serve(server, result, pending=pending)
+        _skip_agent(agent_dir, trusted)
+    _serve(server, result, key=key, pending=pending)
     return 0
 
 
-def _serve(server: socket.socket, result: RolloutResult | None,
-           error: str = "", pending: list[socket.socket] | None = None) -> None:
+def _listen(server: socket.socket) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(SOCKET)
+    server.bind(SOCKET)
+    server.listen(4)
+
+
+def _skip_agent(agent_dir: Path, trusted: Path) -> None:
+    _write_json(agent_dir / COMMAND, {"skip": True})
+    (trusted / READY).touch()
+
+
+def _tail_of(path: Path, limit: int) -> bytes:
+    """The last `limit` bytes of the plain file `path` (b"" for a link, a FIFO, nothing)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd)
+        if not stat.S_ISREG(size.st_mode):
+            return b""
+        f.seek(max(size.st_size - limit, 0))
+        return f.read(limit)
+
+
+def _serve(server: socket.socket, result: RolloutResult | None, error: str = "",
+           key: bytes | None = None, pending: list[socket.socket] | None = None) -> None:
     """Answer the verifier (now and on any later call), then idle until the Pod ends.
 
     A sidecar that exits is restarted by the kubelet, so it waits for its SIGTERM.
     """
     from openforge.executors.k8s_result import compact_message
+    from openforge.sandbox.protocol import result_line
 
     if result is not None:
-        answer = {"message": compact_message(result),
-                  "line": RESULT_PREFIX + result.model_dump_json()}
+        answer = {"message": compact_message(result, key), "line": result_line(result, key)}
     else:
         answer = {"message": "", "line": "", "error": error}
     payload = (json.dumps(answer) + "\n").encode()
@@ -269,8 +320,8 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(_tail_of(path, 1 << 20))
+    except ValueError:
         return None
     return data if isinstance(data, dict) else None
 

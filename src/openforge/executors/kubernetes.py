@@ -4,6 +4,8 @@ Per attempt, two objects (see `k8s_pods`): a Secret holding the spec (session to
 included), owned by the run's ConfigMap, and the Pod, owned by the Secret: a trusted
 supervisor sidecar, the agent container that runs only the harness, and the trusted
 verifier whose termination message is the only result the executor reads (`k8s_result`).
+That result is taken only when signed with the attempt's key (`protocol.scoring_result_key`)
+and naming the spec's rollout, task, attempt and session (`protocol.check_result`).
 
 Following a Pod: one shared watch per run (`k8s_watch`) fans updates out to the waiting
 rollouts; a Node watch sees a lost node. The executor tells apart what a real cluster does
@@ -94,6 +96,11 @@ from openforge.executors.k8s_result import (  # noqa: E402
 )
 from openforge.executors.k8s_sandbox import AGENT, VERIFIER  # noqa: E402
 from openforge.executors.k8s_watch import NodeWatcher, PodWatcher, wall_clock  # noqa: E402
+from openforge.sandbox.protocol import (  # noqa: E402
+    ResultRefused,
+    check_result,
+    scoring_result_key,
+)
 
 log = logging.getLogger("openforge.executors.kubernetes")
 Obj = dict[str, Any]
@@ -336,8 +343,9 @@ class KubernetesExecutor(Executor):
 
         def failed(status: str, error: str, permanent: bool = False) -> RolloutResult:
             return RolloutResult(rollout_id=spec.rollout_id, task_id=spec.task.id,
-                                 attempt=spec.attempt, status=status,  # type: ignore[arg-type]
-                                 error=error, permanent=permanent,
+                                 attempt=spec.attempt, session_id=spec.session_id,
+                                 status=status,  # type: ignore[arg-type]
+                                 error=error, permanent=permanent, sandbox="pod",
                                  duration_s=time.monotonic() - started_at)
 
         try:
@@ -372,6 +380,11 @@ class KubernetesExecutor(Executor):
                 self.stats["adopted"] += 1
                 return found
             await self._replace(api, name)  # made from another spec under our name
+        if not spec.session_token:
+            # A resumed try whose Pod went away after `adoptable` said yes: the store keeps
+            # no token in clear, so a new Pod could make no model call. Another try can.
+            return _Refused(f"Pod {name} of a resumed try is gone, and its session token "
+                            "with it")
         try:
             secret = build_secret(spec, self.config, scope.owner)
         except ValueError as exc:
@@ -530,18 +543,18 @@ class KubernetesExecutor(Executor):
         if cause is not None:
             return failed(cause.status, f"Pod {name} {cause.message}")
         verifier = terminated(pod, VERIFIER)
-        result = parse_result(verifier.get("message") or "")
+        key = scoring_result_key(spec)
+        result = parse_result(verifier.get("message") or "", key)
         tail = ""
         if result is None and verifier:
             tail = await (await self._connect()).pod_log(name, VERIFIER,
                                                          self.config.log_tail_lines)
-            result = parse_result(tail)
-        if result is not None:
-            if (result.rollout_id, result.task_id, result.attempt) == \
-                    (spec.rollout_id, spec.task.id, spec.attempt):
-                return result
-            return failed("infra_error", f"Pod {name}: its verifier reported a result for "
-                          f"another rollout ({result.rollout_id})")
+            result = parse_result(tail, key)
+        if result is not None and verifier.get("exitCode") == 0:
+            try:
+                return check_result(result, spec)
+            except ResultRefused as exc:
+                return failed("infra_error", f"Pod {name}: its verifier's result refused: {exc}")
         agent = terminated(pod, AGENT)
         if agent and agent.get("exitCode") != 0:
             return failed("infra_error", f"Pod {name}: the agent container was killed (exit "
