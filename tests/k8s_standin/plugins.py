@@ -105,11 +105,12 @@ class AttackEnv(Environment):
         return RewardResult(score=1.0 if ok else 0.0, passed=ok, details={"attack": found})
 
 
-# Asks the model once; then polls the gateway until it is gone (its orchestrator died) and
-# back (a resumed one), and asks again: the second call can only land on the new gateway,
-# through the same session. Writes ok.txt with both replies.
+# Asks the model once; then polls the gateway over one kept-alive connection until that
+# connection breaks (its orchestrator died: a new gateway, however fast it comes back, cannot
+# answer on the old connection), and asks again: the second call can only land on the new
+# gateway, through the same session. Writes ok.txt with both replies.
 _ACROSS_RESTART = r'''
-import json, os, sys, time, urllib.error, urllib.request
+import http.client, json, os, sys, time, urllib.error, urllib.parse, urllib.request
 base, key = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
 deadline = time.monotonic() + float(sys.argv[1])
 def ask():
@@ -119,12 +120,14 @@ def ask():
                                   "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as resp:
         return json.load(resp)["choices"][0]["message"]["content"]
+url = urllib.parse.urlsplit(base)
+conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
 def up():
     try:
-        urllib.request.urlopen(urllib.request.Request(
-            base + "/models", headers={"Authorization": "Bearer " + key}), timeout=5).close()
+        conn.request("GET", url.path + "/models", headers={"Authorization": "Bearer " + key})
+        conn.getresponse().read()
         return True
-    except (urllib.error.URLError, ConnectionError, OSError):
+    except (http.client.HTTPException, OSError):
         return False
 first = ask()
 while up():
