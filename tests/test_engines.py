@@ -13,6 +13,7 @@ import pytest
 from fixtures_model import SHELL_TOOL, chat, tiny_bundle  # noqa: F401
 from vllm_standin import VLLMStandIn
 
+from openforge.errors import OpenforgeError
 from openforge.gateway.conversation import Message
 from openforge.gateway.engines.base import (
     EngineConfigError,
@@ -254,7 +255,7 @@ async def test_vllm_unreachable_is_503(tiny_bundle):
 def test_vllm_config_errors(tiny_bundle):
     with pytest.raises(EngineConfigError, match="url="):
         VLLMEngine(tiny_bundle)
-    with pytest.raises(EngineConfigError, match="api must be"):
+    with pytest.raises(OpenforgeError, match="option api: Input should be 'generate' or 'completions'"):
         VLLMEngine(tiny_bundle, url="http://127.0.0.1:1", api="chat")
 
 

@@ -44,6 +44,7 @@ from openforge.executors.k8s_pods import (  # noqa: E402
 )
 from openforge.executors.k8s_result import compact_message  # noqa: E402
 from openforge.executors.kubernetes import KubernetesExecutor, KubernetesExecutorError  # noqa: E402
+from openforge.options import OptionsError
 from openforge.types import RewardResult, RolloutResult, RolloutSpec, Task  # noqa: E402
 
 TESTS_DIR = Path(__file__).parent
@@ -559,11 +560,12 @@ def test_oversized_spec_is_refused_with_a_clear_message() -> None:
 
 
 def test_options_errors_are_one_line() -> None:
-    with pytest.raises(KubernetesExecutorError, match=r"option image: Field required \(the rollout image"):
+    with pytest.raises(OptionsError, match=r"^executor 'kubernetes' option image: required, not "
+                                            r"given \(the rollout image"):
         plugins.create("executor", "kubernetes")
-    with pytest.raises(KubernetesExecutorError, match="option max_concurrency"):
+    with pytest.raises(OptionsError, match="option max_concurrency"):
         KubernetesExecutor(image="i", max_concurrency=0)
-    with pytest.raises(KubernetesExecutorError, match="option imag"):
+    with pytest.raises(OptionsError, match=r"option imag: not a known option \(valid: .*image,"):
         KubernetesExecutor(image="i", imag="typo")
     with pytest.raises(KubernetesExecutorError, match="kubeconfig: /nonexistent does not exist"):
         KubernetesExecutor(image="i", kubeconfig="/nonexistent")

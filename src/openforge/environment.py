@@ -7,14 +7,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from openforge.options import Plugin
 from openforge.types import RewardResult, Task
 
 
-class Environment(ABC):
+class Environment(Plugin, ABC):
     """Base class of environment plugins."""
 
-    def __init__(self, **options: Any) -> None:
-        self.options = options
+    kind = "environment"
 
     @abstractmethod
     def tasks(self, split: str | None = None) -> Iterable[Task]:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import ClassVar
 
+from openforge.options import Plugin
 from openforge.types import RolloutResult, RolloutSpec
 
 
-class Executor(ABC):
+class Executor(Plugin, ABC):
     """Base class of executor plugins.
 
     `run` must enforce `spec.timeout_s` as a hard limit, leave no process or resource
@@ -18,10 +19,8 @@ class Executor(ABC):
 
     # True when sandboxes see this machine's files, so a harness program installed here
     # once (`Harness.install`, called by the runner) can run in every rollout.
+    kind = "executor"
     shares_filesystem: ClassVar[bool] = False
-
-    def __init__(self, **options: Any) -> None:
-        self.options = options
 
     @abstractmethod
     async def run(self, spec: RolloutSpec) -> RolloutResult:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, Field
 
-from openforge.config import OptionsT, plugin_options
 from openforge.errors import OpenforgeError
+from openforge.options import Plugin
 from openforge.types import Task
 
 WireAPI = Literal["chat", "responses", "messages"]
@@ -67,16 +67,14 @@ class HarnessOutput(BaseModel):
     error: str | None = None
 
 
-class Harness(ABC):
+class Harness(Plugin, ABC):
     """Base class of harness plugins. Subclasses set `wire_api` and implement `command`."""
 
     wire_api: ClassVar[WireAPI] = "chat"
     # True for harnesses that send images (screenshots): `openforge run` then refuses a
     # text-only model up front instead of failing every rollout with a 400.
     sends_images: ClassVar[bool] = False
-
-    def __init__(self, **options: Any) -> None:
-        self.options = options
+    kind = "harness"
 
     def check(self) -> None:
         """Raise `HarnessMissingError` (saying how to install it) when the program is missing."""
@@ -115,11 +113,6 @@ class Harness(ABC):
 # --- helpers shared by harness plugins -----------------------------------------------------
 
 HarnessT = TypeVar("HarnessT", bound=Harness)
-
-
-def validate_options(model: type[OptionsT], options: Mapping[str, Any], harness: str) -> OptionsT:
-    """`options` validated as `model`; a one-line `OpenforgeError` naming the first bad one."""
-    return plugin_options(model, options, f"{harness} harness")
 
 
 def merge_config(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from openforge.environment import Environment
+from openforge.options import Plugin
 from openforge.types import Call, RewardResult, Task
 
 
-class Reward(ABC):
+class Reward(Plugin, ABC):
     """Base class of reward plugins.
 
     A reward that reads the trajectory sets `wants_calls = True`: the rollout then fetches
@@ -18,10 +19,8 @@ class Reward(ABC):
     them as `calls`.
     """
 
+    kind = "reward"
     wants_calls: bool = False
-
-    def __init__(self, **options: Any) -> None:
-        self.options = options
 
     @abstractmethod
     def score(

@@ -48,6 +48,8 @@ from openforge.types import Call, RolloutResult, RolloutSpec, RolloutStatus
 
 RESULT_PREFIX = "OPENFORGE_RESULT "
 SPEC_ENV = "OPENFORGE_SPEC"
+# Characters of the agent's stdout and stderr (each, the end) carried back in the result.
+AGENT_LOG_CHARS = 32 * 1024
 # Seconds kept back from the harness for final state, reward and reporting.
 _RESERVE_S = 10.0
 _STATUS: dict[str, RolloutStatus] = {"completed": "ok", "failed": "harness_error",
@@ -144,6 +146,9 @@ def execute(spec: RolloutSpec, root: Path) -> RolloutResult:
         harness_output = output.model_dump(mode="json")
         harness_output["returncode"] = proc.returncode
         harness_output["stderr_tail"] = proc.stderr[-2000:]
+        # The agent's own output, whatever became of the attempt: the run folder keeps it.
+        harness_output["stdout"] = proc.stdout[-AGENT_LOG_CHARS:]
+        harness_output["stderr"] = proc.stderr[-AGENT_LOG_CHARS:]
         if status not in ("ok", "harness_error"):
             error = output.error or f"harness {output.status}"
             return done(status=status, error=error, final_answer=output.final_answer,

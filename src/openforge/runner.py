@@ -6,7 +6,10 @@ A run lives in `runs/<run-id>/`:
 - `store.sqlite`  every session and recorded call (the gateway writes it);
 - `results.jsonl` one `AttemptRecord` per finished attempt, appended as attempts finish
                   (the source of truth for what is done);
+- `logs/`         the agent's stdout and stderr of each attempt (its last try);
 - `report.json`, `report.html` written at the end (`openforge report` rewrites them).
+
+docs/run-folder.md describes each file and the store's schema.
 
 Each attempt gets a fresh gateway session. Infrastructure failures (timeout, sandbox died,
 harness missing, engine down) are retried with a new session up to `max_infra_retries`
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -40,7 +44,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from openforge.config import RunConfig
+from openforge.config import RunConfig, resolve_paths
 from openforge.errors import OpenforgeError
 from openforge.executor import Executor
 from openforge.metrics import AttemptOutcome, MetricsSummary, summarize
@@ -50,6 +54,7 @@ from openforge.types import RolloutResult, RolloutSpec, Task
 CONFIG_FILE = "config.yaml"
 RESULTS_FILE = "results.jsonl"
 STORE_FILE = "store.sqlite"
+LOGS_DIR = "logs"
 _TABLE_ROWS = 40  # per-task rows printed at the end; the report has them all
 
 
@@ -81,6 +86,8 @@ class AttemptRecord(BaseModel):
     infra_errors: list[str] = Field(default_factory=list)
     session_ids: list[str] = Field(default_factory=list)  # every try's session, last = this one
     prompt: str = ""
+    # The agent's stdout / stderr as files of the run folder (`logs/...`), relative to it.
+    logs: dict[str, str] = Field(default_factory=dict)
     finished_at: float = Field(default_factory=time.time)
 
     @property
@@ -110,6 +117,22 @@ def _close_session(gateway: Any, session_id: str) -> None:
         sessions.close(session_id)
     else:
         gateway.store.close_session(session_id)
+
+
+def write_agent_logs(run_dir: Path, rollout_id: str, harness_output: dict[str, Any]) -> dict[str, str]:
+    """Keep the agent's stdout and stderr as `logs/<rollout id>.<stream>.txt`; return the
+    paths written, relative to the run folder (what report.html links to)."""
+    written: dict[str, str] = {}
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", rollout_id)
+    for stream in ("stdout", "stderr"):
+        text = harness_output.get(stream)
+        if not isinstance(text, str):
+            continue
+        rel = f"{LOGS_DIR}/{safe}.{stream}.txt"
+        (run_dir / LOGS_DIR).mkdir(exist_ok=True)
+        (run_dir / rel).write_text(text)
+        written[stream] = rel
+    return written
 
 
 def new_run_id() -> str:
@@ -254,7 +277,9 @@ class Runner:
             session = gateway.open_session(
                 self.run_id, rollout_id, task.id, sampling=cfg.sampling,
                 metadata={"prompt": task.prompt, "attempt": attempt, "try": try_no,
-                          "harness": cfg.harness, "environment": cfg.environment})
+                          "harness": cfg.harness, "environment": cfg.environment,
+                          # the whole task: exports carry it (veRL's extra_info.task_json)
+                          "task": task.model_dump(mode="json")})
             session_id = session.id
             session_ids.append(session_id)
             spec = RolloutSpec(
@@ -285,6 +310,7 @@ class Runner:
                 break
             infra_errors.append(f"{result.status}: {result.error}")
         assert result is not None
+        logs = write_agent_logs(self.run_dir, rollout_id, result.harness_output)
         return AttemptRecord(
             task_id=task.id, attempt=attempt, rollout_id=rollout_id, session_id=session_id,
             status=result.status, reward=result.reward.score if result.reward else None,
@@ -292,7 +318,7 @@ class Runner:
             reward_details=result.reward.details if result.reward else {},
             final_answer=result.final_answer, error=result.error, duration_s=result.duration_s,
             tries=len(session_ids), infra_errors=infra_errors, session_ids=session_ids,
-            prompt=task.prompt)
+            prompt=task.prompt, logs=logs)
 
     async def attempt(self, gateway: Any, executor: Executor, task: Task, attempt: int) -> AttemptRecord:
         """One attempt of `task` through an already started gateway and executor.
@@ -420,12 +446,17 @@ class Runner:
 
 
 def prepare_run_dir(config: RunConfig, resume: Path | None) -> tuple[RunConfig, Path]:
-    """Create the run directory (or reopen it for `--resume`) and write config.yaml."""
+    """Create the run directory (or reopen it for `--resume`) and write config.yaml.
+
+    config.yaml holds absolute paths; on `--resume`, a relative one is read relative to the
+    run folder, so a run resumes from whatever the working directory.
+    """
     if resume is not None:
         run_dir = resume.resolve()
-        config = load_run_dir_config(run_dir)
+        config = resolve_paths(load_run_dir_config(run_dir), run_dir)
         config = config.model_copy(update={"run_id": config.run_id or run_dir.name})
         return config, run_dir
+    config = resolve_paths(config, Path.cwd())
     run_id = config.run_id or new_run_id()
     run_dir = (Path(config.runs_dir) / run_id).resolve()
     if (run_dir / RESULTS_FILE).exists():

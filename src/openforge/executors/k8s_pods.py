@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kubernetes_asyncio.client import models as k8s
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from openforge.options import PluginOptions
 from openforge.types import RolloutSpec
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -33,12 +34,11 @@ TERMINATION_LOG_ENV = "OPENFORGE_TERMINATION_LOG"
 MAX_SPEC_BYTES = 120_000
 
 
-class KubernetesOptions(BaseModel):
+class KubernetesOptions(PluginOptions):
     """Options of the `kubernetes` executor (`executor_options` in the run config)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    image: str  # the rollout image (deploy/kubernetes/Dockerfile), digest-pinned ideally
+    image: str
+    """the rollout image, see deploy/kubernetes/Dockerfile; digest-pinned ideally"""
     kubeconfig: Path | None = None  # None: in-cluster service account, else $KUBECONFIG
     context: str | None = None
     namespace: str = "default"

@@ -25,12 +25,10 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-
-from openforge.config import plugin_options
 from openforge.errors import OpenforgeError
 from openforge.executor import Executor
 from openforge.executors.process import MARKER_ENV, die_with_parent, kill_tree
+from openforge.options import PluginOptions
 from openforge.types import RolloutResult, RolloutSpec
 
 RESULT_PREFIX = "OPENFORGE_RESULT "
@@ -47,19 +45,22 @@ class LocalExecutorError(OpenforgeError):
     """The local executor was configured in a way it cannot honour."""
 
 
-class LocalOptions(BaseModel):
+class LocalOptions(PluginOptions):
     """Options of the `local` executor (`executor_options` in the run config)."""
 
-    model_config = ConfigDict(extra="forbid")
-
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
-    grace_s: float = 2.0  # SIGTERM -> SIGKILL
-    # Extra seconds past spec.timeout_s before the executor kills the rollout itself
-    # (rollout.py enforces the harness timeout and needs a moment to report).
+    """bwrap: bubblewrap or refuse; auto: bubblewrap when installed; none: process groups only."""
+    grace_s: float = 2.0
+    """Seconds between SIGTERM and SIGKILL."""
     kill_margin_s: float = 15.0
+    """Extra seconds past the rollout timeout before the executor kills the rollout itself
+    (the rollout enforces the harness timeout and needs a moment to report)."""
     keep_dirs: bool = False
+    """Keep each rollout's folder (HOME, workspace) after it ends, for debugging."""
     base_dir: Path | None = None
+    """Where rollout folders are made (default: the system temp dir)."""
     python: str = sys.executable
+    """The interpreter that runs `python -m openforge.rollout`."""
 
 
 def scrub_env(parent: dict[str, str]) -> dict[str, str]:
@@ -81,10 +82,12 @@ class LocalExecutor(Executor):
     """One process group per rollout, isolated HOME and temp dir, hard timeout (bubblewrap when installed)."""
 
     shares_filesystem = True  # rollouts run here: harness programs are installed once, here
+    options_model = LocalOptions
+    options: LocalOptions
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.config = plugin_options(LocalOptions, options, "executor", LocalExecutorError)
+        self.config = self.options
         bwrap = bwrap_path()
         if self.config.sandbox == "bwrap" and not bwrap:
             raise LocalExecutorError(

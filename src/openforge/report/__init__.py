@@ -71,7 +71,7 @@ def _build(run_dir: Path) -> tuple[dict[str, Any], dict[str, list[Call]]]:
              "passed": r.passed, "error": r.error, "final_answer": r.final_answer,
              "duration_s": r.duration_s, "tries": r.tries, "infra_errors": r.infra_errors,
              "session_id": r.session_id, "rollout_id": r.rollout_id,
-             "reward_details": r.reward_details}
+             "reward_details": r.reward_details, "logs": r.logs}
             for r in sorted(records, key=lambda r: (r.task_id, r.attempt))
         ],
         "trajectories": _trajectory_metrics(run_dir),
@@ -355,7 +355,12 @@ def render_html(data: dict[str, Any], calls: dict[str, list[Call]],
             inner.append("<p><b>retried infrastructure failures</b></p>" +
                          "".join(f"<pre>{_e(e)}</pre>" for e in a["infra_errors"]))
         if a.get("reward_details"):
-            inner.append(f"<p><b>checker</b></p><pre>{_e(a['reward_details'])}</pre>")
+            inner.append(f"<p><b>reward {_e(cfg.get('reward', '?'))}: details</b></p>"
+                         f"<pre>{_e(a['reward_details'])}</pre>")
+        if a.get("logs"):
+            links = " &middot; ".join(f"<a href='{html.escape(path, quote=True)}'>{_e(stream)}</a>"
+                                      for stream, path in sorted(a["logs"].items()))
+            inner.append(f"<p><b>agent output</b>: {links}</p>")
         if a.get("final_answer"):
             inner.append(f"<p><b>final answer</b></p><pre>{_e(a['final_answer'])}</pre>")
         inner.append((filmstrips or {}).get(a["session_id"], ""))  # GUI rollouts: screens

@@ -38,6 +38,7 @@ from openforge.gateway.engines.base import (
 )
 from openforge.gateway.engines.local import EngineLog, Finish
 from openforge.gateway.render import assistant_turn_ids, new_tool_call_id
+from openforge.options import PluginOptions
 
 
 class ScriptToolCall(BaseModel):
@@ -112,32 +113,45 @@ def _validate(data: Any, where: str) -> Script:
         raise EngineConfigError(f"{where}: {loc}: {err['msg']}") from None
 
 
+class ScriptedOptions(PluginOptions):
+    """Options of the `scripted` engine (`engine.options`; `--script` sets `script`)."""
+
+    script: Path | None = None
+    """A script file, YAML or JSON (docs/scripted-policies.md)."""
+    entries: list[Any] | None = None
+    """The script's entries inline, instead of a file."""
+    replies: list[Any] | None = None
+    """One entry's replies inline (answers every conversation)."""
+    delay_s: float = Field(default=0.0, ge=0)
+    """Seconds to sleep before each reply."""
+    log_size: int = Field(default=10_000, ge=0)
+    """Generations kept in the engine's in-memory log."""
+
+
 class ScriptedEngine(Engine):
-    """Options: `script` (file path) or `replies` (inline list of replies) or `entries`
-    (inline list of entries); `delay_s` (sleep per generate); `log_size`."""
+    """Replies from a script file, tokenized with the session's tokenizer (tests, demos)."""
+
+    options_model = ScriptedOptions
+    options: ScriptedOptions
 
     def __init__(self, model: Any = None, **options: Any) -> None:
         super().__init__(model, **options)
         if model is None:
             raise EngineConfigError("the scripted engine needs a model bundle (e.g. --model tiny)")
-        if options.get("script"):
-            self.script = load_script(options["script"])
-        elif options.get("entries") is not None:
-            self.script = _validate(options["entries"], "scripted engine option 'entries'")
-        elif options.get("replies") is not None:
-            self.script = _validate([{"replies": options["replies"]}],
-                                    "scripted engine option 'replies'")
+        opts = self.options
+        if opts.script:
+            self.script = load_script(opts.script)
+        elif opts.entries is not None:
+            self.script = _validate(opts.entries, "scripted engine option 'entries'")
+        elif opts.replies is not None:
+            self.script = _validate([{"replies": opts.replies}], "scripted engine option 'replies'")
         else:
             raise EngineConfigError("the scripted engine needs a script: set the option "
                                     "script=PATH (YAML or JSON) or replies=[...]")
-        try:
-            self.delay_s = float(options.get("delay_s", 0.0))
-        except (TypeError, ValueError):
-            raise EngineConfigError(f"scripted engine: delay_s must be a number, "
-                                    f"not {options.get('delay_s')!r}") from None
+        self.delay_s = opts.delay_s
         self._patterns = [re.compile(e.match) if e.match else None for e in self.script.entries]
         self._ids_cache: dict[tuple[int, int, int], list[int]] = {}
-        self.log = EngineLog(int(options.get("log_size", 10_000)))
+        self.log = EngineLog(opts.log_size)
 
     @property
     def weight_version(self) -> str:
