@@ -98,7 +98,7 @@ def test_settings_written_in_the_isolated_home(ctx: HarnessContext) -> None:
 
 
 def test_bad_option_is_one_line() -> None:
-    with pytest.raises(OpenforgeError, match="claude-code harness option permissions: Input should be"):
+    with pytest.raises(OpenforgeError, match="harness ClaudeCodeHarness option permissions: Input should be"):
         ClaudeCodeHarness(permissions="ask")
 
 

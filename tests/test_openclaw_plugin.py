@@ -79,7 +79,7 @@ def test_config_points_the_provider_at_the_session(tmp_path: Path, api: str, wir
 def test_extra_config_is_merged_last(tmp_path: Path) -> None:
     h = oc.create(config={"models": {"providers": {"of": {"headers": {"X": "1"}}}},
                           "tools": {"profile": "coding"}}, **_fake_install(tmp_path))
-    config = build_config(_ctx(tmp_path), h.config)
+    config = build_config(_ctx(tmp_path), h.options)
     assert config["models"]["providers"]["of"]["headers"] == {"X": "1"}
     assert config["models"]["providers"]["of"]["apiKey"] == "tok123"
     assert config["tools"] == {"profile": "coding"}
@@ -122,9 +122,9 @@ def test_short_timeouts_keep_a_floor(tmp_path: Path) -> None:
 
 
 def test_bad_options_are_one_line_errors() -> None:
-    with pytest.raises(OpenforgeError, match="openclaw harness option api"):
+    with pytest.raises(OpenforgeError, match="harness 'openclaw' option api"):
         oc.create(api="grpc")
-    with pytest.raises(OpenforgeError, match="openclaw harness option colour"):
+    with pytest.raises(OpenforgeError, match="harness 'openclaw' option colour: not a known option"):
         oc.create(colour=True)
 
 

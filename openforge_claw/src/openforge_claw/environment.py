@@ -24,11 +24,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from openforge.config import plugin_options
 from openforge.environment import Environment
 from openforge.errors import OpenforgeError
+from openforge.options import PluginOptions
 from openforge.types import RewardResult, Task
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from openforge_claw.grading import grade
 from openforge_claw.services import Services
@@ -40,12 +40,15 @@ _MAX_FILES = 200
 _MAX_CONTENT = 8192
 
 
-class ClawOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ClawOptions(PluginOptions):
+    """Options of the `claw` environment."""
 
     path: str | None = None
+    """A task set to load instead of the built-in tasks (docs/claw.md)."""
     format: str = "auto"
+    """The task set's format: auto, claw, claw-eval or qwenclawbench."""
     categories: list[str] = Field(default_factory=list)
+    """Only tasks of these categories (empty: all)."""
 
 
 def claw_task(task: Task) -> ClawTask:
@@ -74,16 +77,18 @@ def _copy_tree(src: Path, dest: Path) -> None:
 class ClawEnvironment(Environment):
     """Claw tasks (files, shell, mock mail/calendar/notes/REST services, plans) with graders."""
 
+    options_model = ClawOptions
+    options: ClawOptions
+
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.config = plugin_options(ClawOptions, options, "claw environment")
         self.services = Services()
 
     def claw_tasks(self) -> list[ClawTask]:
-        tasks = (load_tasks(self.config.path, self.config.format) if self.config.path
+        tasks = (load_tasks(self.options.path, self.options.format) if self.options.path
                  else builtin_tasks())
-        if self.config.categories:
-            tasks = [t for t in tasks if t.category in self.config.categories]
+        if self.options.categories:
+            tasks = [t for t in tasks if t.category in self.options.categories]
         return tasks
 
     def tasks(self, split: str | None = None) -> Iterable[Task]:

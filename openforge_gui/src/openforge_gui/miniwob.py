@@ -21,10 +21,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from openforge.errors import OpenforgeError
 from openforge.types import RewardResult, Task
 from openforge_gui.browser import BrowserComputer
-from openforge_gui.computer import ComputerEnvironment
+from openforge_gui.computer import ComputerEnvironment, ComputerOptions
 
 ENV_NAME = "miniwob"
 # MiniWoB++ draws in a 160 x 210 box at the page's top left.
@@ -81,14 +83,27 @@ class MiniWobComputer(BrowserComputer):
         return bool(self.evaluate("() => WOB_DONE_GLOBAL"))
 
 
+class MiniWobOptions(ComputerOptions):
+    """Options of the `miniwob` environment."""
+
+    max_steps: int = Field(default=8, ge=1)
+    """Actions per episode at most."""
+    chromium: str | None = None
+    """The Chromium binary (default: found on PATH)."""
+    episode_time_s: float = Field(default=3600.0, gt=0)
+    """The page's own episode timer."""
+
+
 class MiniWobEnvironment(ComputerEnvironment):
     """MiniWoB++ pages (PyPI miniwob) in headless Chromium, fixed seeds, reward read from the page."""
 
+    options_model = MiniWobOptions
+    options: MiniWobOptions
+
     def __init__(self, **options: Any) -> None:
-        options.setdefault("max_steps", 8)
         super().__init__(**options)
-        self.chromium: str | None = options.get("chromium")
-        self.episode_ms = int(float(options.get("episode_time_s", 3600)) * 1000)
+        self.chromium: str | None = self.options.chromium
+        self.episode_ms = int(self.options.episode_time_s * 1000)
 
     def tasks(self, split: str | None = None) -> Iterable[Task]:
         for name, seed, instruction in TASKS:

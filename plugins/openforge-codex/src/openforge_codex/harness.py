@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from openforge.harness import (
     Command,
@@ -35,9 +35,9 @@ from openforge.harness import (
     WireAPI,
     drop_none,
     merge_config,
-    validate_options,
 )
 from openforge.npm import NpmHarness, NpmPackage
+from openforge.options import PluginOptions
 from openforge_codex.events import parse_events
 
 CODEX_PACKAGE = "@openai/codex"
@@ -50,10 +50,8 @@ LAST_MESSAGE = "codex-last-message.txt"
 Sandbox = Literal["none", "read-only", "workspace-write", "danger-full-access"]
 
 
-class CodexOptions(BaseModel):
+class CodexOptions(PluginOptions):
     """Options of the `codex` harness (`harness_options` in the run config)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     version: str = CODEX_VERSION  # the @openai/codex version installed from npm
     bin: str | None = None  # a codex program to use instead (set by `install` for rollouts)
@@ -73,13 +71,12 @@ class CodexHarness(NpmHarness):
     harness_name: ClassVar[str] = "codex"
     wire_api: ClassVar[WireAPI] = "responses"
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
-        self.config = validate_options(CodexOptions, options, "codex")
+    options_model = CodexOptions
+    options: CodexOptions
 
     @property
     def package(self) -> NpmPackage:
-        return NpmPackage(name=CODEX_PACKAGE, version=self.config.version, bin="codex", env_var=BIN_ENV)
+        return NpmPackage(name=CODEX_PACKAGE, version=self.options.version, bin="codex", env_var=BIN_ENV)
 
     # -- one rollout -----------------------------------------------------------------------
 
@@ -89,7 +86,7 @@ class CodexHarness(NpmHarness):
 
     def config_dict(self, ctx: HarnessContext) -> dict[str, Any]:
         """The content of `$CODEX_HOME/config.toml` for this rollout."""
-        cfg = self.config
+        cfg = self.options
         base: dict[str, Any] = {
             "model": ctx.model,
             "model_provider": PROVIDER,
@@ -124,10 +121,10 @@ class CodexHarness(NpmHarness):
         argv = [str(self.program()), "exec", "--json", "--skip-git-repo-check",
                 "-C", str(ctx.workspace), "-m", ctx.model,
                 "-o", str(ctx.home / LAST_MESSAGE)]
-        if self.config.sandbox == "none":
+        if self.options.sandbox == "none":
             argv.append("--dangerously-bypass-approvals-and-sandbox")
         else:
-            argv += ["-s", self.config.sandbox]
+            argv += ["-s", self.options.sandbox]
         argv.append("-")  # the prompt comes on stdin
         env = {"CODEX_HOME": str(self.codex_home(ctx)), KEY_ENV: ctx.api_key,
                # Codex would otherwise try to colour and page its output.

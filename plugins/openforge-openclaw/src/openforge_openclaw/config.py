@@ -11,9 +11,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from openforge.harness import HarnessContext, WireAPI, merge_config, provider_base_url
+from openforge.options import PluginOptions
 
 OPENCLAW_PACKAGE = "openclaw"
 OPENCLAW_VERSION = "2026.9.6"
@@ -29,10 +30,9 @@ OPENCLAW_API: dict[Api, str] = {"chat": "openai-completions", "responses": "open
 WIRE_API: dict[Api, WireAPI] = {"chat": "chat", "responses": "responses", "messages": "messages"}
 
 
-class OpenClawOptions(BaseModel):
+class OpenClawOptions(PluginOptions):
     """Options of the `openclaw` harness (`harness_options` in the run config)."""
 
-    model_config = ConfigDict(extra="forbid")
 
     api: Api = "chat"
     version: str = OPENCLAW_VERSION  # the npm `openclaw` version installed
