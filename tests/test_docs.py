@@ -91,3 +91,14 @@ def test_the_scaffold_page_names_the_pin_the_scaffold_writes() -> None:
 
     page = (DOCS / "writing-a-plugin.md").read_text()
     assert OPENFORGE_REQUIREMENT in page
+
+
+def test_every_declared_pytest_marker_is_used() -> None:
+    import tomllib
+
+    root = README.parent
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    sources = "".join(p.read_text() for p in (root / "tests").rglob("*.py"))
+    for marker in config.get("markers", []):
+        name = marker.split(":")[0].strip()
+        assert f"mark.{name}" in sources, f"marker {name!r} is declared but no test uses it"

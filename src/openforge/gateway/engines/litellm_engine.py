@@ -8,6 +8,7 @@ fine for evaluation and SFT data, not for on-policy RL. Logprobs are 0.0.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from pydantic import Field
@@ -46,6 +47,10 @@ class LiteLLMOptions(PluginOptions):
 
 
 def _import_litellm() -> Any:
+    # litellm fetches a model price list from GitHub when imported (retrying for ~10 s
+    # where that is unreachable); its bundled copy does: nothing leaves the machine but
+    # the model calls themselves.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     try:
         import litellm
     except ImportError:
