@@ -64,7 +64,7 @@ def test_unreachable_gateway_falls_back_to_stdout(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("harness, expected", [
     ("executor_plugins:MissingHarness", "harness missing"),
-    ("executor_plugins:NoSuchThing", "building the plugins failed"),
+    ("executor_plugins:NoSuchThing", "loading the plugins failed"),
     ("executor_plugins:CrashHarness", "signal"),
 ])
 def test_infra_failures_are_not_scored(sink: ResultSink, tmp_path: Path, harness: str, expected: str) -> None:

@@ -105,8 +105,9 @@ def test_runs_lists_each_run_with_the_report_s_figures(tmp_path: Path) -> None:
         s = report["summary"]
         assert row[3:7] == ["mini", "demo", "checker", "scripted"]  # after date and time
         assert f"{s['attempts']} ({s['tasks']} tasks x k={s['k']})" in rows[run_dir.name]
-        assert row[-5:] == [str(s["passed"]), f"{report['pass_at_k']['1']:.3f}",
-                            str(s["infra_failures"]), f"{s['mean_reward']:.3f}", "yes"]
+        assert row[-7:] == [str(s["scored"]), str(s["passed"]), f"{report['pass_at_k']['1']:.3f}",
+                            str(s["plugin_errors"]), str(s["infra_failures"]),
+                            f"{s['mean_reward']:.3f}", "yes"]
     assert "0.500" in rows[second.name]  # hello-file passes, count-lines does not
     empty = openforge("runs", "nothing", cwd=tmp_path)
     assert empty.returncode == 0 and "no runs in nothing" in empty.stdout

@@ -157,7 +157,7 @@ def run(config_path: Path | None, overrides: tuple[str, ...], resume: Path | Non
             ("reward", config.reward, config.reward_options),
             ("executor", config.executor, config.executor_options),
             ("engine", config.engine.name, config.engine.options)):
-        plugin_registry.lookup(kind, name).check(options)
+        plugin_registry.check(kind, name, options)
 
     from openforge.runner import run_from_config
 
@@ -219,12 +219,16 @@ def runs(runs_dir: Path) -> None:
                    "pass another folder: openforge runs DIR)")
         return
     table = Table("run", "started", "harness", "environment", "reward", "engine", "attempts",
-                  "passed", "pass@1", "infra", "mean reward", "report", box=None)
+                  "scored", "passed", "pass@1", "plugin errors", "infra", "mean reward",
+                  "report", box=None)
     for r in rows:
-        table.add_row(r.run_id, r.started, r.harness, r.environment, r.reward, r.engine,
-                      f"{r.attempts} ({r.tasks} tasks x k={r.k})", str(r.passed),
-                      "-" if r.pass_at_1 is None else f"{r.pass_at_1:.3f}", str(r.infra_failures),
-                      "-" if r.mean_reward is None else f"{r.mean_reward:.3f}",
+        m = r.metrics
+        table.add_row(r.run_id, r.started, r.setting("harness"), r.setting("environment"),
+                      r.setting("reward"), r.setting("engine", "name"),
+                      f"{m.attempts} ({m.tasks} tasks x k={r.setting('k')})", str(m.scored),
+                      str(m.passed), "-" if 1 not in m.pass_at else f"{m.pass_at[1]:.3f}",
+                      str(m.plugin_errors), str(m.infra_failures),
+                      "-" if m.mean_reward is None else f"{m.mean_reward:.3f}",
                       "yes" if r.reported else "no")
     Console(width=220).print(table)
 

@@ -36,7 +36,7 @@ from openforge.trajectory import (
     iter_session_calls,
     session_reward,
 )
-from openforge.types import Call, RolloutResult, Sample, Session, Task
+from openforge.types import PLUGIN_STATUSES, Call, RolloutResult, Sample, Session, Task
 
 ExportFormat = Literal["verl", "sft", "samples"]
 FORMATS: tuple[str, ...] = ("verl", "sft", "samples")
@@ -165,7 +165,8 @@ One row per branch of a session's recorded calls (see `openforge.trajectory`).
 """,
     "verl": """# openforge veRL RL rows
 
-One row per rollout (session) of the run, infrastructure failures left out, in the layout
+One row per rollout (session) of the run, infrastructure failures and plugin errors left
+out, in the layout
 veRL's `RLHFDataset` reads. Dedupe by `extra_info.task_id` for a one-row-per-task dataset.
 
 | column | type | meaning |
@@ -397,15 +398,39 @@ def session_task(session: Session, prompt: str) -> Task:
 # -- the three exports -------------------------------------------------------------------
 
 
+def left_out_because(result: RolloutResult | None) -> str | None:
+    """Why a session is no training data, or None when it is: attempts the infrastructure
+    broke and attempts a plugin broke were never scored; nothing is trained on them."""
+    if result is None or result.is_scored:
+        return None
+    return "plugin errors" if result.status in PLUGIN_STATUSES else "infrastructure failures"
+
+
+def _training_sessions(store: Store, run_id: str | None, left_out: Counter[str]
+                       ) -> Iterator[tuple[Session | None, list[Call]]]:
+    """(session, calls) of every session with calls that is training data, streamed."""
+    for session_id, calls in iter_session_calls(store, run_id):
+        why = left_out_because(store.get_result(session_id))
+        if why is not None:
+            left_out[why] += 1
+            continue
+        yield store.get_session(session_id), calls
+
+
+def training_metrics(store: Store, run_id: str | None = None) -> tuple[RunMetrics, dict[str, int]]:
+    """What the samples export writes, counted without writing it: the trajectory metrics of
+    the sessions it keeps, and how many it leaves out, why (the report shows both)."""
+    metrics, left_out = RunMetrics(), Counter[str]()
+    for session, calls in _training_sessions(store, run_id, left_out):
+        reward = session_reward(store, session) if session else None
+        metrics.add(build_samples(calls, session, reward).metrics)
+    return metrics, dict(left_out)
+
+
 def _write_samples(store: Store, writer: _BatchWriter, run_id: str | None,
                    images: _ImageFiles, left_out: Counter[str]) -> RunMetrics:
     metrics = RunMetrics()
-    for session_id, calls in iter_session_calls(store, run_id):
-        session = store.get_session(session_id)
-        result = store.get_result(session_id)
-        if result is not None and result.is_infra_failure:
-            left_out["infrastructure failures"] += 1
-            continue  # never train on an attempt the infrastructure broke
+    for session, calls in _training_sessions(store, run_id, left_out):
         reward = session_reward(store, session) if session else None
         built = build_samples(calls, session, reward)
         metrics.add(built.metrics)
@@ -421,8 +446,9 @@ def _write_verl(store: Store, writer: _BatchWriter, run_id: str | None,
     index = 0
     for session in store.list_sessions(run_id):
         result = store.get_result(session.id)
-        if result is not None and result.is_infra_failure:
-            left_out["infrastructure failures"] += 1
+        why = left_out_because(result)
+        if why is not None:
+            left_out[why] += 1
             continue
         prompt = session.metadata.get("prompt")
         prompt_images: list[dict[str, Any]] = []
@@ -484,15 +510,11 @@ def _inline_image(store: Store, sha: str) -> dict[str, Any]:
 
 def _write_sft(store: Store, writer: _BatchWriter, run_id: str | None,
                image_files: _ImageFiles, left_out: Counter[str]) -> None:
-    for session_id, calls in iter_session_calls(store, run_id):
-        session = store.get_session(session_id)
+    for session, calls in _training_sessions(store, run_id, left_out):
         if session is None:
             continue
-        result = store.get_result(session_id)
+        result = store.get_result(session.id)
         reward = session_reward(store, session)
-        if result is not None and result.is_infra_failure:
-            left_out["infrastructure failures"] += 1
-            continue
         if not _passed(result, reward):
             left_out["did not pass (SFT rows come from passing rollouts only)"] += 1
             continue

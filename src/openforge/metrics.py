@@ -7,8 +7,9 @@ With `n` scored attempts of a task of which `c` passed:
 - pass^k = C(c, k) / C(n, k): the chance that all k drawn attempts pass.
 
 Both are exact (integer binomials via `math.comb`), so they do not drift for large n.
-Infrastructure failures are not attempts: the caller leaves them out of `n` and counts
-them separately.
+Only scored attempts (status `ok` or `harness_error`) are in `n`: infrastructure failures
+and plugin errors are counted apart, and `headline` states every rate with its denominator
+and what was left out, so no figure reads better than the run was.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import math
 from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
+
+from openforge.types import INFRA_STATUSES, PLUGIN_STATUSES, SCORED_STATUSES
 
 
 def _check(n: int, c: int, k: int) -> None:
@@ -51,16 +54,26 @@ class AttemptOutcome(BaseModel):
 
     @property
     def is_infra_failure(self) -> bool:
-        return self.status in ("infra_error", "timeout")
+        return self.status in INFRA_STATUSES
+
+    @property
+    def is_plugin_failure(self) -> bool:
+        return self.status in PLUGIN_STATUSES
+
+    @property
+    def is_scored(self) -> bool:
+        return self.status in SCORED_STATUSES
 
 
 class TaskRow(BaseModel):
-    """Per-task aggregate: scored attempts, passes, infra failures, mean reward, pass@k."""
+    """Per-task aggregate: scored attempts, passes, infra failures, plugin errors, mean
+    reward, pass@k."""
 
     task_id: str
     n: int = 0
     passed: int = 0
     infra_failures: int = 0
+    plugin_errors: int = 0
     mean_reward: float | None = None
     pass_at: dict[int, float] = Field(default_factory=dict)
     pass_hat: dict[int, float] = Field(default_factory=dict)
@@ -74,21 +87,37 @@ class MetricsSummary(BaseModel):
     scored: int = 0
     passed: int = 0
     infra_failures: int = 0
+    plugin_errors: int = 0
     mean_reward: float | None = None
     pass_at: dict[int, float] = Field(default_factory=dict)
     pass_hat: dict[int, float] = Field(default_factory=dict)
     rows: list[TaskRow] = Field(default_factory=list)
 
+    def headline(self) -> str:
+        """The run in one line: pass@1 with its denominator, and what was left out."""
+        rate = "-" if 1 not in self.pass_at else f"{self.pass_at[1]:.3f}"
+        mean = "-" if self.mean_reward is None else f"{self.mean_reward:.3f}"
+        return (f"pass@1 {rate} over {self.scored} scored of {self.attempts} attempts "
+                f"({self.passed} passed, mean reward {mean}); left out: {self.plugin_errors} "
+                f"plugin errors, {self.infra_failures} infrastructure failures")
+
+    def progress(self) -> str:
+        """The same figures, short, for the progress bar."""
+        rate = f"{self.passed / self.scored:.0%}" if self.scored else "-"
+        return (f"pass {rate} of {self.scored} scored  plugin errors {self.plugin_errors}  "
+                f"infra failures {self.infra_failures}")
+
 
 def task_row(task_id: str, outcomes: list[AttemptOutcome], max_k: int) -> TaskRow:
     """Aggregate one task's attempts; pass@k is defined for k up to its scored attempts."""
-    scored = [o for o in outcomes if not o.is_infra_failure]
+    scored = [o for o in outcomes if o.is_scored]
     n = len(scored)
     c = sum(1 for o in scored if o.passed)
     rewards = [o.reward for o in scored if o.reward is not None]
     row = TaskRow(
         task_id=task_id, n=n, passed=c,
-        infra_failures=len(outcomes) - n,
+        infra_failures=sum(1 for o in outcomes if o.is_infra_failure),
+        plugin_errors=sum(1 for o in outcomes if o.is_plugin_failure),
         mean_reward=(sum(rewards) / len(rewards)) if rewards else None,
     )
     for k in range(1, min(max_k, n) + 1):
@@ -111,9 +140,10 @@ def summarize(outcomes: Iterable[AttemptOutcome], max_k: int,
     summary = MetricsSummary(
         tasks=len(rows), attempts=len(all_outcomes),
         scored=sum(r.n for r in rows), passed=sum(r.passed for r in rows),
-        infra_failures=sum(r.infra_failures for r in rows), rows=rows,
+        infra_failures=sum(r.infra_failures for r in rows),
+        plugin_errors=sum(r.plugin_errors for r in rows), rows=rows,
     )
-    rewards = [o.reward for o in all_outcomes if not o.is_infra_failure and o.reward is not None]
+    rewards = [o.reward for o in all_outcomes if o.is_scored and o.reward is not None]
     summary.mean_reward = sum(rewards) / len(rewards) if rewards else None
     for k in range(1, max_k + 1):
         eligible = [r for r in rows if k in r.pass_at]

@@ -85,11 +85,6 @@ class Registration:
         except OptionsError as exc:
             raise exc.relabel(f"{self.kind} '{self.name}'") from None
 
-    def check(self, options: dict[str, Any]) -> BaseModel:
-        """`options` validated against its options model without building it (so that
-        `openforge run` refuses a misspelt option before it starts anything)."""
-        return check_options(self.options_model(), options, f"{self.kind} '{self.name}'")
-
     def options_model(self) -> type[BaseModel]:
         """The options model it declares (imports a lazily registered plugin's module)."""
         target = getattr(self.factory, "lazy_target", None)
@@ -229,6 +224,11 @@ def options_model(kind: str, name: str) -> type[BaseModel]:
         module_name, attr = name.split(":", 1)
         return options_model_of(getattr(importlib.import_module(module_name), attr))
     return lookup(kind, name).options_model()
+
+
+def check(kind: str, name: str, options: dict[str, Any]) -> BaseModel:
+    """`options` validated against plugin `name`'s options model, without building it."""
+    return check_options(options_model(kind, name), options, f"{kind} '{name}'")
 
 
 def create(kind: str, name: str, **options: Any) -> Any:

@@ -13,8 +13,10 @@ The reward sees the environment's final state plus `final_answer` and `harness_s
 (the harness's own account), unless the environment already set those keys.
 
 Statuses: the harness completed -> `ok`; failed on its own -> `harness_error` (both
-scored); crashed, missing, or any setup failure -> `infra_error`; out of time -> `timeout`
-(neither scored: the runner retries them).
+scored); an exception raised by plugin code (the environment's, the reward's, the harness
+adapter's methods) -> `plugin_error` (not scored, not retried: a bug to fix); crashed,
+missing, or any other setup failure -> `infra_error`; out of time -> `timeout` (neither
+scored: the runner retries them).
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ from typing import Any
 
 import httpx
 
+from openforge import plugins
 from openforge.environment import Environment
 from openforge.executors.process import die_with_parent, kill_tree
 from openforge.harness import (
+    Command,
     Harness,
     HarnessContext,
     HarnessMissingError,
@@ -65,8 +69,6 @@ def build_plugin(kind: str, name: str, options: dict[str, Any]) -> Any:
     if ":" in name:
         module_name, attr = name.split(":", 1)
         return getattr(importlib.import_module(module_name), attr)(**options)
-    from openforge import plugins
-
     return plugins.create(kind, name, **options)
 
 
@@ -77,9 +79,8 @@ def _tail(path: Path, limit: int = 4000) -> str:
     return text[-limit:]
 
 
-def run_harness(harness: Harness, ctx: HarnessContext, root: Path, timeout_s: float) -> ProcessOutput:
+def run_harness(cmd: Command, ctx: HarnessContext, root: Path, timeout_s: float) -> ProcessOutput:
     """Run the harness's command in its own process group; kill the whole tree on the way out."""
-    cmd = harness.command(ctx)
     env = dict(os.environ)
     env.update(cmd.env)
     out_path, err_path = root / "harness.stdout", root / "harness.stderr"
@@ -119,11 +120,26 @@ def execute(spec: RolloutSpec, root: Path) -> RolloutResult:
         return RolloutResult(**base, duration_s=time.monotonic() - started, **fields)
 
     environment: Environment | None = None
-    stage = "building the plugins"
+    # `blame` names the plugin whose code runs at this stage: an exception there is a
+    # plugin error (a bug to fix, not retried); anywhere else it is the infrastructure's.
+    env_name = f"environment '{spec.environment}'"
+    harness_name = f"harness '{spec.harness}'"
+    reward_name = f"reward '{spec.reward}'"
+    stage = "loading the plugins"
+    blame: str | None = None
     try:
+        # Finding and importing them is the sandbox's business (an image without the plugin
+        # is infrastructure); what their code does from here on is theirs.
+        for kind, name in (("environment", spec.environment), ("harness", spec.harness),
+                           ("reward", spec.reward)):
+            plugins.options_model(kind, name)
+        stage, blame = "building the environment", env_name
         environment = build_plugin("environment", spec.environment, spec.environment_options)
+        stage, blame = "building the harness", harness_name
         harness: Harness = build_plugin("harness", spec.harness, spec.harness_options)
+        stage, blame = "building the reward", reward_name
         reward: Reward = build_plugin("reward", spec.reward, spec.reward_options)
+        stage, blame = "setting up the sandbox", None
         workspace = root / "workspace"
         workspace.mkdir(parents=True, exist_ok=True)
         home = Path(os.environ["HOME"]) if os.environ.get("OPENFORGE_ROLLOUT_DIR") else root / "home"
@@ -131,16 +147,18 @@ def execute(spec: RolloutSpec, root: Path) -> RolloutResult:
         ctx = HarnessContext(task=spec.task, workspace=workspace, home=home,
                              base_url=spec.session_url, api_key=spec.session_token,
                              model=spec.model, timeout_s=spec.timeout_s)
-        stage = "preparing the environment"
+        stage, blame = "preparing the environment (prepare)", env_name
         environment.prepare(spec.task, workspace)
-        stage = "checking the harness"
+        stage, blame = "checking the harness (check)", harness_name
         harness.check()
-        stage = "preparing the harness"
+        stage = "preparing the harness (prepare)"
         harness.prepare(ctx)
-        stage = "running the harness"
+        stage = "building the harness command (command)"
+        cmd = harness.command(ctx)
+        stage, blame = "running the harness", None
         reserve = min(_RESERVE_S, spec.timeout_s * 0.2)
-        proc = run_harness(harness, ctx, root, deadline - time.monotonic() - reserve)
-        stage = "parsing the harness output"
+        proc = run_harness(cmd, ctx, root, deadline - time.monotonic() - reserve)
+        stage, blame = "parsing the harness output (parse_output)", harness_name
         output: HarnessOutput = harness.parse_output(ctx, proc)
         status = _STATUS[output.status]
         harness_output = output.model_dump(mode="json")
@@ -153,13 +171,14 @@ def execute(spec: RolloutSpec, root: Path) -> RolloutResult:
             error = output.error or f"harness {output.status}"
             return done(status=status, error=error, final_answer=output.final_answer,
                         harness_output=harness_output)
-        stage = "capturing the final state"
+        stage, blame = "capturing the final state (final_state)", env_name
         final_state = dict(environment.final_state(spec.task, workspace))
         # Rewards that judge the answer rather than the workspace read it from here.
         final_state.setdefault("final_answer", output.final_answer)
         final_state.setdefault("harness_status", output.status)
-        stage = "scoring"
+        stage, blame = "fetching the recorded calls", None
         calls = fetch_calls(spec) if reward.wants_calls else None
+        stage, blame = "scoring (score)", reward_name
         verdict = reward.score(spec.task, environment, workspace, final_state, calls)
         return done(status=status, reward=verdict, final_answer=output.final_answer,
                     error=output.error, harness_output=harness_output)
@@ -167,9 +186,13 @@ def execute(spec: RolloutSpec, root: Path) -> RolloutResult:
         return done(status="infra_error", error=f"harness missing: {exc}")
     except _Terminated:
         return done(status="infra_error", error=f"terminated while {stage}")
-    except Exception as exc:  # a plugin failed: infrastructure, never a 0 reward
+    except Exception as exc:
         print(traceback.format_exc(), file=sys.stderr)  # the executor keeps the stderr tail
-        return done(status="infra_error", error=f"{stage} failed: {type(exc).__name__}: {exc}"[:2000])
+        what = f"{type(exc).__name__}: {exc}"
+        if blame is not None:  # a bug in plugin code: never a 0 reward, never retried
+            return done(status="plugin_error",
+                        error=f"{blame} raised {what} while {stage}"[:2000])
+        return done(status="infra_error", error=f"{stage} failed: {what}"[:2000])
     finally:
         if environment is not None:
             try:

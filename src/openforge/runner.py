@@ -49,7 +49,14 @@ from openforge.errors import OpenforgeError
 from openforge.executor import Executor
 from openforge.metrics import AttemptOutcome, MetricsSummary, summarize
 from openforge.rollout import build_plugin
-from openforge.types import RolloutResult, RolloutSpec, Task
+from openforge.types import (
+    INFRA_STATUSES,
+    PLUGIN_STATUSES,
+    SCORED_STATUSES,
+    RolloutResult,
+    RolloutSpec,
+    Task,
+)
 
 CONFIG_FILE = "config.yaml"
 RESULTS_FILE = "results.jsonl"
@@ -92,7 +99,11 @@ class AttemptRecord(BaseModel):
 
     @property
     def is_infra_failure(self) -> bool:
-        return self.status in ("infra_error", "timeout")
+        return self.status in INFRA_STATUSES
+
+    @property
+    def is_scored(self) -> bool:
+        return self.status in SCORED_STATUSES
 
     def outcome(self) -> AttemptOutcome:
         return AttemptOutcome(task_id=self.task_id, attempt=self.attempt, status=self.status,
@@ -330,10 +341,7 @@ class Runner:
     # -- the loop --------------------------------------------------------------------------
 
     def _stats(self) -> str:
-        scored = [r for r in self.records if not r.is_infra_failure]
-        infra = len(self.records) - len(scored)
-        rate = f"{sum(r.passed for r in scored) / len(scored):.0%}" if scored else "-"
-        return f"pass {rate}  infra failures {infra}"
+        return summarize([r.outcome() for r in self.records], self.config.k).progress()
 
     async def run(self) -> RunSummary:
         from openforge.gateway.server import Gateway
@@ -415,12 +423,13 @@ class Runner:
                           elapsed_s=time.monotonic() - started)
 
     def print_summary(self, metrics: MetricsSummary, paths: list[Path]) -> None:
-        tasks = Table("task", "attempts", "passed", "infra", "mean reward", box=None,
-                      title="per task")
+        tasks = Table("task", "scored", "passed", "plugin errors", "infra", "mean reward",
+                      box=None, title="per task")
         shown = metrics.rows[:_TABLE_ROWS]
         for row in shown:
             mean = "-" if row.mean_reward is None else f"{row.mean_reward:.2f}"
-            tasks.add_row(row.task_id, str(row.n), str(row.passed), str(row.infra_failures), mean)
+            tasks.add_row(row.task_id, str(row.n), str(row.passed), str(row.plugin_errors),
+                          str(row.infra_failures), mean)
         self.console.print(tasks)
         if len(metrics.rows) > len(shown):
             self.console.print(f"... and {len(metrics.rows) - len(shown)} more tasks in the report")
@@ -428,19 +437,28 @@ class Runner:
         for k in sorted(metrics.pass_at):
             table.add_row(str(k), f"{metrics.pass_at[k]:.3f}", f"{metrics.pass_hat[k]:.3f}")
         self.console.print(table)
-        mean = "-" if metrics.mean_reward is None else f"{metrics.mean_reward:.3f}"
-        self.console.print(f"{metrics.scored} scored attempts, {metrics.passed} passed, "
-                           f"{metrics.infra_failures} infra failures (excluded), mean reward {mean}")
+        self.console.print(metrics.headline(), markup=False, highlight=False)
+        errors = [r for r in self.records if r.status in PLUGIN_STATUSES]
+        if errors:
+            # A bug in a plugin, not the agent's doing: say so where it cannot be missed.
+            self.console.print(f"[bold red]{len(errors)} attempts ended in a plugin error "
+                               "(not scored, not retried); fix the plugin. First:[/bold red]")
+            self.console.print(f"  {errors[0].task_id}.{errors[0].attempt}: {errors[0].error}",
+                               markup=False, highlight=False)
         report_json = next((p for p in paths if p.suffix == ".json"), None)
         trajectories = json.loads(report_json.read_text()).get("trajectories") if report_json else None
         if trajectories:
             branches = ", ".join(f"{reason} {n}" for reason, n in
                                  sorted(trajectories["branches_opened"].items())) or "none"
+            left = ", ".join(f"{why} {n}" for why, n in
+                             sorted((trajectories.get("sessions_left_out") or {}).items()))
             self.console.print(
-                f"training data: {trajectories['calls_recorded']} recorded calls -> "
+                f"training data (what openforge export writes): "
+                f"{trajectories['calls_recorded']} recorded calls -> "
                 f"{trajectories['samples']} samples ({trajectories['samples_per_session']:.2f} per "
                 f"session; extra branches: {branches}; exact token ids on "
-                f"{100 * trajectories['exact_token_fraction']:.0f}% of calls)")
+                f"{100 * trajectories['exact_token_fraction']:.0f}% of calls); sessions left "
+                f"out: {left or 'none'}")
         for path in paths:
             self.console.print(f"report: {path}")
 

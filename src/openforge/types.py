@@ -136,8 +136,10 @@ class RolloutSpec(BaseModel):
         return f"{self.gateway_url.rstrip('/')}/s/{self.session_token}/v1"
 
 
-RolloutStatus = Literal["ok", "harness_error", "infra_error", "timeout"]
+RolloutStatus = Literal["ok", "harness_error", "plugin_error", "infra_error", "timeout"]
+SCORED_STATUSES: frozenset[str] = frozenset({"ok", "harness_error"})
 INFRA_STATUSES: frozenset[str] = frozenset({"infra_error", "timeout"})
+PLUGIN_STATUSES: frozenset[str] = frozenset({"plugin_error"})
 
 
 class RolloutResult(BaseModel):
@@ -146,7 +148,9 @@ class RolloutResult(BaseModel):
     `status` says whether the attempt is usable: `ok` (the harness ran to its end, whatever
     the agent achieved) and `harness_error` (the agent program failed on its own) are scored;
     `infra_error` and `timeout` are infrastructure failures: retried by the runner, labelled,
-    and never scored as a 0 reward.
+    and never scored as a 0 reward; `plugin_error` is an exception raised by plugin code
+    (the environment, the reward, the harness adapter): a bug to fix, not retried, never
+    scored, counted apart in every figure.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -164,6 +168,10 @@ class RolloutResult(BaseModel):
     @property
     def is_infra_failure(self) -> bool:
         return self.status in INFRA_STATUSES
+
+    @property
+    def is_scored(self) -> bool:
+        return self.status in SCORED_STATUSES
 
 
 class Sample(BaseModel):

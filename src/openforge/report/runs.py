@@ -14,28 +14,25 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from openforge.metrics import summarize
+from openforge.metrics import MetricsSummary, summarize
 
 
 class RunRow(BaseModel):
-    """One run folder as `openforge runs` lists it."""
+    """One run folder as `openforge runs` lists it: what ran, and its figures."""
 
     run_id: str
     path: Path
     started: str
-    harness: str = "?"
-    environment: str = "?"
-    reward: str = "?"
-    engine: str = "?"
-    k: int = 1
-    tasks: int = 0
-    attempts: int = 0
-    scored: int = 0
-    passed: int = 0
-    infra_failures: int = 0
-    pass_at_1: float | None = None
-    mean_reward: float | None = None
+    config: dict[str, Any]
+    metrics: MetricsSummary
     reported: bool = False  # report.json is there (the run ended, or was reported)
+
+    def setting(self, *keys: str) -> str:
+        """A value of the run's config.yaml ("?" when missing), e.g. setting("engine", "name")."""
+        value: Any = self.config
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        return "?" if value is None else str(value)
 
 
 def _config(run_dir: Path) -> dict[str, Any]:
@@ -56,16 +53,10 @@ def run_row(run_dir: Path) -> RunRow:
     k = int(config.get("k") or 1)
     metrics = summarize([r.outcome() for r in records], k)
     stamp = (run_dir / RESULTS_FILE) if (run_dir / RESULTS_FILE).exists() else run_dir
-    engine = config.get("engine") or {}
     return RunRow(
         run_id=str(config.get("run_id") or run_dir.name), path=run_dir,
         started=time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp.stat().st_ctime)),
-        harness=str(config.get("harness", "?")), environment=str(config.get("environment", "?")),
-        reward=str(config.get("reward", "?")), engine=str(engine.get("name", "?")), k=k,
-        tasks=metrics.tasks, attempts=metrics.attempts, scored=metrics.scored,
-        passed=metrics.passed, infra_failures=metrics.infra_failures,
-        pass_at_1=metrics.pass_at.get(1),
-        mean_reward=metrics.mean_reward, reported=(run_dir / "report.json").exists())
+        config=config, metrics=metrics, reported=(run_dir / "report.json").exists())
 
 
 def list_runs(runs_dir: Path) -> list[RunRow]:

@@ -40,7 +40,7 @@ class StepRollouts:
 
     @property
     def scored(self) -> list[AttemptRecord]:
-        return [r for r in self.records if not r.is_infra_failure]
+        return [r for r in self.records if r.is_scored]
 
     @property
     def mean_reward(self) -> float:

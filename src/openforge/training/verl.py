@@ -240,8 +240,9 @@ class OpenforgeAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]
         reward = result.reward.score if result.reward is not None else 0.0
         calls = shared.store.list_calls(session.id)
         samples = build_samples(calls, session, reward).samples if calls else []
-        if result.is_infra_failure:
-            # veRL cannot drop a row: keep the trajectory out of the loss (mask 0) instead.
+        if not result.is_scored:
+            # An infrastructure failure or a plugin error: never a reward. veRL cannot drop
+            # a row: keep the trajectory out of the loss (mask 0) instead.
             samples = [s.model_copy(update={"response_mask": [0] * len(s.response_mask)})
                        for s in samples]
         steps = shared.engine.global_steps(session.id)
