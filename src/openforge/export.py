@@ -36,7 +36,7 @@ from openforge.trajectory import (
     iter_session_calls,
     session_reward,
 )
-from openforge.types import PLUGIN_STATUSES, Call, RolloutResult, Sample, Session, Task
+from openforge.types import Call, RolloutResult, Sample, Session, Task
 
 ExportFormat = Literal["verl", "sft", "samples"]
 FORMATS: tuple[str, ...] = ("verl", "sft", "samples")
@@ -403,7 +403,7 @@ def left_out_because(result: RolloutResult | None) -> str | None:
     broke and attempts a plugin broke were never scored; nothing is trained on them."""
     if result is None or result.is_scored:
         return None
-    return "plugin errors" if result.status in PLUGIN_STATUSES else "infrastructure failures"
+    return "plugin errors" if result.is_plugin_failure else "infrastructure failures"
 
 
 def _training_sessions(store: Store, run_id: str | None, left_out: Counter[str]

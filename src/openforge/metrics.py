@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
 
-from openforge.types import INFRA_STATUSES, PLUGIN_STATUSES, SCORED_STATUSES
+from openforge.types import StatusFlags
 
 
 def _check(n: int, c: int, k: int) -> None:
@@ -43,7 +43,7 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
     return math.comb(c, k) / math.comb(n, k)
 
 
-class AttemptOutcome(BaseModel):
+class AttemptOutcome(StatusFlags, BaseModel):
     """One finished attempt as metrics see it."""
 
     task_id: str
@@ -52,17 +52,6 @@ class AttemptOutcome(BaseModel):
     reward: float | None = None
     passed: bool = False
 
-    @property
-    def is_infra_failure(self) -> bool:
-        return self.status in INFRA_STATUSES
-
-    @property
-    def is_plugin_failure(self) -> bool:
-        return self.status in PLUGIN_STATUSES
-
-    @property
-    def is_scored(self) -> bool:
-        return self.status in SCORED_STATUSES
 
 
 class TaskRow(BaseModel):

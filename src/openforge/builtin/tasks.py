@@ -7,7 +7,8 @@ Each task is a record (a JSONL line, a YAML or JSON list item, a dataset row)::
     files: {notes.txt: "first\\n"} # the workspace the rollout starts in: path -> text
     split: train                   # optional: train, test, ... (`openforge run --split`)
     check: {files: {hello.txt: "Hello, world!"}}   # how it is scored, one of:
-    #   {command: "python -m pytest -q"}     exit status 0 passes (run in the workspace)
+    #   {command: "python -m pytest -q"}     exit status 0 passes (run in the workspace, in a
+    #                                        fresh sandbox of the attempt: sandbox.verifier)
     #   {files: {path: expected text}}       each file's text, whitespace-trimmed, must equal
     #   {function: "my_module:grade"}        grade(task, workspace, final_state) -> bool,
     #                                        a score in [0, 1], (score, details) or RewardResult
@@ -32,7 +33,6 @@ from __future__ import annotations
 import importlib
 import json
 import shutil
-import subprocess
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from openforge.environment import Environment
 from openforge.errors import OpenforgeError
 from openforge.options import PluginOptions, describe_errors
+from openforge.sandbox import verifier
 from openforge.types import RewardResult, Task
 
 ENV_NAME = "tasks"
@@ -254,11 +255,11 @@ def _inside(workspace: Path, rel: str) -> Path:
 
 def check_command(check: Check, workspace: Path) -> RewardResult:
     assert check.command is not None
-    try:
-        proc = subprocess.run(["/bin/sh", "-c", check.command], cwd=workspace, capture_output=True,
-                              text=True, errors="replace", timeout=check.timeout_s,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
+    # The command runs what the agent left in its workspace: in a rollout it runs in a fresh
+    # sandbox of the attempt (openforge.sandbox.verifier), never on the trusted side.
+    proc = verifier.run(["/bin/sh", "-c", check.command], cwd=workspace,
+                        timeout_s=check.timeout_s)
+    if proc.timed_out or proc.returncode is None:
         return RewardResult(score=0.0, passed=False, details={
             "check": "command", "command": check.command,
             "reason": f"the check command ran past {check.timeout_s:g}s"})

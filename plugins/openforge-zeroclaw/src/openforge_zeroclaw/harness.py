@@ -74,6 +74,10 @@ class ZeroClawHarness(Harness):
     def prepare(self, ctx: HarnessContext) -> None:
         write_config(ctx, self.options)
 
+    def program_paths(self) -> list[Path]:
+        """The zeroclaw binary (the sandbox maps it read-only)."""
+        return [Path(find_zeroclaw(self.options.bin)).resolve()]
+
     def command(self, ctx: HarnessContext) -> Command:
         argv = [str(find_zeroclaw(self.options.bin)), "agent", "-a", ALIAS,
                 # `--message=TASK`: a task that starts with `-` stays the message.
