@@ -5,9 +5,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from openforge.types import RewardResult, Task
+
+if TYPE_CHECKING:
+    from openforge.harness import McpServer
 
 
 class Environment(ABC):
@@ -22,6 +25,11 @@ class Environment(ABC):
 
     def prepare(self, task: Task, workspace: Path) -> None:
         """Lay out the workspace the rollout starts in (default: leave it empty)."""
+
+    def mcp_servers(self, task: Task, workspace: Path) -> list[McpServer]:
+        """The MCP servers that offer `task`'s own tools to the agent, after `prepare`
+        (default: none). Harnesses that take MCP servers write them into their config."""
+        return []
 
     def final_state(self, task: Task, workspace: Path) -> dict[str, Any]:
         """Capture what rewards read once the harness has ended (default: nothing)."""

@@ -131,6 +131,7 @@ def execute(spec: RolloutSpec, root: Path) -> RolloutResult:
                              model=spec.model, timeout_s=spec.timeout_s)
         stage = "preparing the environment"
         environment.prepare(spec.task, workspace)
+        ctx.mcp_servers = environment.mcp_servers(spec.task, workspace)
         stage = "checking the harness"
         harness.check()
         stage = "preparing the harness"

@@ -5,7 +5,11 @@ Options:
 - `path`: a folder of tasks (own format, Claw-Eval or QwenClawBench; detected) instead of
   the built-in set;
 - `format`: `auto` (default), `claw`, `claw-eval` or `qwenclawbench`;
-- `categories`: only tasks of these categories.
+- `categories`: only tasks of these categories;
+- for a Claw-Eval checkout (`claweval/`): `judge_base_url`, `judge_model`,
+  `judge_api_key_env` (Claw-Eval's LLM judge, any OpenAI-compatible endpoint; without it
+  the tasks whose grader asks the judge are skipped), `python` (the interpreter of its
+  services and graders, default this one), `grader_timeout_s`.
 
 `prepare` copies the fixtures into the workspace and starts the task's services on free
 loopback ports; the agent finds them in `services.json` (and `.claw/<name>.url`) in the
@@ -20,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -27,9 +32,16 @@ from typing import Any
 from openforge.config import plugin_options
 from openforge.environment import Environment
 from openforge.errors import OpenforgeError
-from openforge.types import RewardResult, Task
+from openforge.harness import McpServer
+from openforge.types import Call, RewardResult, Task
 from pydantic import BaseModel, ConfigDict, Field
 
+from openforge_claw.claweval import report_skipped, runnable
+from openforge_claw.claweval.checkout import data_paths as data_paths_of
+from openforge_claw.claweval.grading import JudgeConfig
+from openforge_claw.claweval.grading import grade as grade_claw_eval
+from openforge_claw.claweval.rollout import ClawEvalRollout
+from openforge_claw.claweval.rollout import mcp_servers as claw_eval_mcp_servers
 from openforge_claw.grading import grade
 from openforge_claw.services import Services
 from openforge_claw.tasks import SERVICES_FILE, ClawTask, builtin_tasks, load_tasks
@@ -46,6 +58,18 @@ class ClawOptions(BaseModel):
     path: str | None = None
     format: str = "auto"
     categories: list[str] = Field(default_factory=list)
+    # Claw-Eval checkouts only:
+    judge_base_url: str | None = None
+    judge_model: str | None = None
+    judge_api_key_env: str | None = None
+    python: str = Field(default_factory=lambda: sys.executable)
+    grader_timeout_s: float = Field(default=600.0, gt=0)
+
+    def judge(self) -> JudgeConfig | None:
+        if not (self.judge_base_url and self.judge_model):
+            return None
+        return JudgeConfig(base_url=self.judge_base_url, model=self.judge_model,
+                           api_key_env=self.judge_api_key_env)
 
 
 def claw_task(task: Task) -> ClawTask:
@@ -78,12 +102,17 @@ class ClawEnvironment(Environment):
         super().__init__(**options)
         self.config = plugin_options(ClawOptions, options, "claw environment")
         self.services = Services()
+        self.claw_eval: ClawEvalRollout | None = None
 
     def claw_tasks(self) -> list[ClawTask]:
         tasks = (load_tasks(self.config.path, self.config.format) if self.config.path
                  else builtin_tasks())
         if self.config.categories:
             tasks = [t for t in tasks if t.category in self.config.categories]
+        if any(t.claw_eval for t in tasks):  # only what runs here; the rest is counted
+            judged = self.config.judge() is not None
+            report_skipped(tasks, judged)
+            tasks = [t for t in tasks if not t.claw_eval or runnable(t.claw_eval, judged)]
         return tasks
 
     def tasks(self, split: str | None = None) -> Iterable[Task]:
@@ -93,6 +122,10 @@ class ClawEnvironment(Environment):
 
     def prepare(self, task: Task, workspace: Path) -> None:
         ct = claw_task(task)
+        if ct.claw_eval is not None:
+            self.claw_eval = ClawEvalRollout(ct.claw_eval, self.config.python)
+            self.claw_eval.prepare(workspace)
+            return
         root = Path(ct.root) if ct.root else None
         if root is not None and (root / ct.fixtures).is_dir():
             _copy_tree(root / ct.fixtures, workspace)
@@ -119,6 +152,19 @@ class ClawEnvironment(Environment):
             # The harness process inherits the rollout's environment.
             os.environ[f"CLAW_{name.upper().replace('-', '_')}_URL"] = url
 
+    def mcp_servers(self, task: Task, workspace: Path) -> list[McpServer]:
+        ct = claw_task(task)
+        return claw_eval_mcp_servers(ct.claw_eval, workspace, self.config.python) \
+            if ct.claw_eval else []
+
+    def data_paths(self, task: Task) -> list[Path]:
+        """The files the agent starts with, read-only. For a Claw-Eval task only those: its
+        grader, its grader-only files and its services' seeds stay on the trusted side."""
+        ct = claw_task(task)
+        if ct.claw_eval is not None:
+            return data_paths_of(ct.claw_eval)
+        return [Path(ct.root)] if ct.root else []
+
     def final_state(self, task: Task, workspace: Path) -> dict[str, Any]:
         files: dict[str, Any] = {}
         for path in sorted(workspace.rglob("*")):
@@ -134,10 +180,26 @@ class ClawEnvironment(Environment):
                 except UnicodeDecodeError:
                     pass
             files["/".join(rel_parts)] = entry
+        if self.claw_eval is not None:
+            return {"files": files, "claw_eval": self.claw_eval.final_state(workspace)}
         return {"files": files, "services": self.services.snapshot()}
 
     def check(self, task: Task, workspace: Path, final_state: dict[str, Any]) -> RewardResult:
-        return grade(claw_task(task), workspace, final_state)
+        return self.score(task, workspace, final_state, None)
+
+    def score(self, task: Task, workspace: Path, final_state: dict[str, Any],
+              calls: list[Call] | None) -> RewardResult:
+        """The task's verdict: a Claw-Eval task's own grader, else openforge-claw's checks."""
+        ct = claw_task(task)
+        if ct.claw_eval is not None:
+            return grade_claw_eval(ct.claw_eval, ct.prompt, final_state, calls,
+                                   category_name=ct.category, judge=self.config.judge(),
+                                   python=self.config.python,
+                                   timeout_s=self.config.grader_timeout_s)
+        return grade(ct, workspace, final_state, calls)
 
     def close(self) -> None:
+        if self.claw_eval is not None:
+            self.claw_eval.close()
+            self.claw_eval = None
         self.services.stop()

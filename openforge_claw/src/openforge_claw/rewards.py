@@ -27,7 +27,7 @@ from openforge.reward import Reward
 from openforge.types import Call, RewardResult, Task
 from pydantic import BaseModel, ConfigDict
 
-from openforge_claw.environment import claw_task
+from openforge_claw.environment import ClawEnvironment, claw_task
 from openforge_claw.grading import grade
 
 JUDGE_SYSTEM = (
@@ -51,6 +51,8 @@ class GraderReward(Reward):
 
     def score(self, task: Task, environment: Environment, workspace: Path,
               final_state: dict[str, Any], calls: list[Call] | None = None) -> RewardResult:
+        if isinstance(environment, ClawEnvironment):  # a Claw-Eval task: its own grader
+            return environment.score(task, workspace, final_state, calls)
         return grade(claw_task(task), workspace, final_state, calls)
 
 

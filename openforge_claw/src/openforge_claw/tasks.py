@@ -36,6 +36,7 @@ import yaml
 from openforge.errors import OpenforgeError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from openforge_claw.claweval.spec import ClawEvalTask
 from openforge_claw.services import ServiceSpec
 
 TASK_FILE = "task.yaml"
@@ -100,6 +101,7 @@ class ClawTask(BaseModel):
     fixtures: str = "fixtures"
     files: dict[str, str] = Field(default_factory=dict)  # inline fixture files
     workspace_files: list[WorkspaceFile] = Field(default_factory=list)
+    claw_eval: ClawEvalTask | None = None  # format claw-eval: what its rollout and grader need
 
     def full_prompt(self) -> str:
         return self.prompt.rstrip() + (SERVICE_HINT if self.services else "")
@@ -124,9 +126,13 @@ def _validate(data: Any, where: str) -> ClawTask:
         raise TaskLoadError(f"{where}: {loc}: {err['msg']}") from None
 
 
+# libyaml's loader when PyYAML has it: a benchmark checkout holds hundreds of task files.
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def read_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.load(path.read_text(), Loader=_SAFE_LOADER)  # noqa: S506 (a safe loader)
     except (OSError, yaml.YAMLError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TaskLoadError(f"{path}: cannot read it as YAML: {first}") from None
