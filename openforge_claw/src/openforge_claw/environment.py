@@ -37,7 +37,6 @@ from openforge.types import Call, RewardResult, Task
 from pydantic import BaseModel, ConfigDict, Field
 
 from openforge_claw.claweval import report_skipped, runnable
-from openforge_claw.claweval.checkout import data_paths as data_paths_of
 from openforge_claw.claweval.grading import JudgeConfig
 from openforge_claw.claweval.grading import grade as grade_claw_eval
 from openforge_claw.claweval.rollout import ClawEvalRollout
@@ -158,11 +157,16 @@ class ClawEnvironment(Environment):
             if ct.claw_eval else []
 
     def data_paths(self, task: Task) -> list[Path]:
-        """The files the agent starts with, read-only. For a Claw-Eval task only those: its
-        grader, its grader-only files and its services' seeds stay on the trusted side."""
+        """What the reward reads outside the workspace, shown read-only to the agent.
+
+        None for a Claw-Eval task: its reward reads the checkout (the grader, its grader-only
+        files such as verify scripts with the answers, `claw_eval` itself), and showing the
+        agent those files would show it the answers. The grader runs on the trusted side,
+        where the checkout is; the agent gets its own files as copies in the workspace.
+        """
         ct = claw_task(task)
         if ct.claw_eval is not None:
-            return data_paths_of(ct.claw_eval)
+            return []
         return [Path(ct.root)] if ct.root else []
 
     def final_state(self, task: Task, workspace: Path) -> dict[str, Any]:

@@ -21,12 +21,12 @@ from pathlib import Path
 
 from openforge.errors import OpenforgeError
 
-from openforge_claw.claweval.spec import ClawEvalTask
-
 GRADER_FILE = "grader.py"
-# A grader that touches `judge` beyond its signature's `judge: Any | None = None`.
-_JUDGE_USE = re.compile(r"judge\s*\.|\(\s*judge\b|,\s*judge\b|judge\s*=\s*judge|\bjudge\s*\)")
-_JUDGE_PARAM = re.compile(r"judge\s*:\s*[^,)]*")
+# A grader that touches `judge` beyond its signature's `judge: Any | None = None` (or
+# `judge=None`): an attribute, an argument to a helper, a truth test.
+_JUDGE_USE = re.compile(r"judge\s*\.|\(\s*judge\b|,\s*judge\b|judge\s*=\s*judge|\bjudge\s*\)"
+                        r"|\bif\s+(not\s+)?judge\b")
+_JUDGE_PARAM = re.compile(r"judge\s*:\s*[^,)]*|judge\s*=\s*None\b")
 _PEER = re.compile(r"load_peer_grader\(\s*['\"]([^'\"]+)['\"]")
 _GRADER_MODULE = re.compile(r"from\s+claw_eval\.graders\.(\w+)\s+import|"
                             r"import\s+claw_eval\.graders\.(\w+)")
@@ -72,14 +72,6 @@ def resolve_service_path(root: Path, value: str) -> Path:
     """A service variable naming a file or folder: relative to the checkout's root."""
     path = Path(value)
     return path if path.is_absolute() else root / path
-
-
-def data_paths(spec: ClawEvalTask) -> list[Path]:
-    """The files a task's agent starts with (what `prepare` copies into the workspace)."""
-    root, task_dir = Path(spec.repo), Path(spec.task_dir)
-    found = (resolve_task_file(root, task_dir, rel)
-             for rel in dict.fromkeys([*spec.sandbox_files, *spec.attachments]))
-    return [path for path in found if path is not None]
 
 
 def require(path: Path | None, rel: str, task_id: str) -> Path:

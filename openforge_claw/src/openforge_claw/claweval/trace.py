@@ -68,8 +68,9 @@ def _conversation(call: Call) -> list[Message]:
         return []
     try:
         return DIALECTS[call.dialect].parse(body).messages
-    except DialectError:
-        return []
+    except DialectError as exc:  # recorded by the gateway, so it parsed once: never silent
+        raise ValueError(f"the recorded call {call.id} cannot be read as a conversation: "
+                         f"{exc}") from None
 
 
 def _text(text: str) -> dict[str, Any]:
