@@ -30,7 +30,12 @@ from openforge.gateway.render import (  # noqa: E402
     SessionTokens,
     assistant_turn_ids,
 )
-from openforge.harness import HarnessContext, HarnessMissingError, ProcessOutput  # noqa: E402
+from openforge.harness import (  # noqa: E402
+    HarnessContext,
+    HarnessMissingError,
+    McpServer,
+    ProcessOutput,
+)
 from openforge.types import Task  # noqa: E402
 
 URL = "http://127.0.0.1:4321/s/tok123/v1"
@@ -74,6 +79,19 @@ def test_config_points_the_provider_at_the_session(tmp_path: Path, api: str, wir
     assert config["models"]["mode"] == "replace"
     assert config["agents"]["defaults"]["model"]["primary"] == "of/policy"
     assert (ctx.home / ".openclaw" / "task.md").read_text() == "Create hello.txt"
+
+
+def test_the_tasks_mcp_servers_are_direct_tools(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    options = oc.OpenClawOptions()
+    assert "mcp" not in build_config(ctx, options) and "tools" not in build_config(ctx, options)
+    ctx.mcp_servers = [McpServer(name="claw-eval", command="/usr/bin/python3", args=["-m", "b"])]
+    config = build_config(ctx, options)
+    assert config["mcp"] == {"servers": {"claw-eval": {
+        "transport": "stdio", "command": "/usr/bin/python3", "args": ["-m", "b"], "env": {},
+        "enabled": True}}}
+    # Tool Search off: the MCP tools reach the model directly (claw-eval__<tool>).
+    assert config["tools"] == {"toolSearch": False}
 
 
 def test_extra_config_is_merged_last(tmp_path: Path) -> None:
