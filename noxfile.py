@@ -43,10 +43,13 @@ def e2e(session: nox.Session) -> None:
         session.run("python", "-c", f"from {module} import {cls}; print({cls}().install())")
     session.run("python", "-m", "pytest", "-q", "tests/e2e", *session.posargs,
                 env={"OPENFORGE_E2E": "1"})
-    # openforge-claw's tasks through the real OpenClaw (right and wrong scripted solutions).
-    session.install("./openforge_claw[test]")
+    # openforge-claw's tasks through the real OpenClaw (right and wrong scripted solutions),
+    # and Claw-Eval tasks (fixture checkout) with their tools as MCP servers in OpenClaw,
+    # Codex and Claude Code.
+    session.install("./openforge_claw[claw-eval,test]")
     session.run("python", "-m", "pytest", "-q", "openforge_claw/tests/test_openclaw_e2e.py",
-                *session.posargs, env={"OPENFORGE_E2E": "1"})
+                "openforge_claw/tests/test_claw_eval_e2e.py", *session.posargs,
+                env={"OPENFORGE_E2E": "1"})
 
 
 @nox.session
@@ -96,9 +99,11 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def claw(session: nox.Session) -> None:
-    """openforge-claw: its task set, mock services, loaders, rewards and recipe (mini harness)."""
+    """openforge-claw: its task set, mock services, loaders, rewards and recipe (mini harness);
+    Claw-Eval on the fixture checkout (services, MCP bridge, its own graders, `openforge run`).
+    The real Claw-Eval checkout is the acceptance, run by hand: docs/claw.md."""
     install_openforge(session)
-    session.install("./openforge_claw[judge,test]")
+    session.install("./openforge_claw[claw-eval,judge,test]")
     session.run("python", "-m", "pytest", "-q", "openforge_claw/tests", *session.posargs)
 
 

@@ -477,6 +477,19 @@ def test_the_score_must_agree_with_the_checkouts_own_formula(tmp_path: Path) -> 
         graded(env, task_of(env, "T003_checksum_terminal"), tmp_path / "ws", "3")
 
 
+def test_service_env_reaches_the_services_under_the_tasks_own(tmp_path: Path) -> None:
+    # Claw-Eval's services read knobs such as ERROR_RATE from their environment.
+    env = ClawEnvironment(path=str(REPO), service_env={"NOTES_FAIL_FIRST": "1",
+                                                       "NOTES_FIXTURES": "/nonexistent"})
+    task = task_of(env, "T001zh_notes_digest")
+    first = []
+    verdict, state = graded(env, task, tmp_path / "ws", "2", lambda ws: first.append(
+        subprocess.run(["claw-tool", "notes_list", "{}"], cwd=ws, capture_output=True)))
+    assert first[0].returncode == 1  # the injected 500 (NOTES_FIXTURES stayed the task's)
+    assert [d["response_status"] for d in state["claw_eval"]["dispatches"]] == [500]
+    assert verdict.details["category"] == "tool_error" and verdict.details["robustness"] == 0.0
+
+
 def test_services_and_proxy_are_gone_after_close(tmp_path: Path) -> None:
     env = ClawEnvironment(path=str(REPO))
     task = task_of(env, "T001zh_notes_digest")

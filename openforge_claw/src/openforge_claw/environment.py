@@ -9,7 +9,9 @@ Options:
 - for a Claw-Eval checkout (`claweval/`): `judge_base_url`, `judge_model`,
   `judge_api_key_env` (Claw-Eval's LLM judge, any OpenAI-compatible endpoint; without it
   the tasks whose grader asks the judge are skipped), `python` (the interpreter of its
-  services and graders, default this one), `grader_timeout_s`.
+  services and graders, default this one), `grader_timeout_s`, `service_env` (extra
+  variables for its services, e.g. `{ERROR_RATE: "0.25"}`: Claw-Eval's own injection of
+  429/500 answers and slow responses, for robustness runs).
 
 `prepare` copies the fixtures into the workspace and starts the task's services on free
 loopback ports; the agent finds them in `services.json` (and `.claw/<name>.url`) in the
@@ -63,6 +65,7 @@ class ClawOptions(BaseModel):
     judge_api_key_env: str | None = None
     python: str = Field(default_factory=lambda: sys.executable)
     grader_timeout_s: float = Field(default=600.0, gt=0)
+    service_env: dict[str, str] = Field(default_factory=dict)
 
     def judge(self) -> JudgeConfig | None:
         if not (self.judge_base_url and self.judge_model):
@@ -122,7 +125,8 @@ class ClawEnvironment(Environment):
     def prepare(self, task: Task, workspace: Path) -> None:
         ct = claw_task(task)
         if ct.claw_eval is not None:
-            self.claw_eval = ClawEvalRollout(ct.claw_eval, self.config.python)
+            self.claw_eval = ClawEvalRollout(ct.claw_eval, self.config.python,
+                                             self.config.service_env)
             self.claw_eval.prepare(workspace)
             return
         root = Path(ct.root) if ct.root else None

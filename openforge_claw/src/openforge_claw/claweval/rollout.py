@@ -39,9 +39,11 @@ def mcp_servers(spec: ClawEvalTask, workspace: Path, python: str = sys.executabl
 class ClawEvalRollout:
     """The running parts of one Claw-Eval rollout (services, tool proxy)."""
 
-    def __init__(self, spec: ClawEvalTask, python: str = sys.executable) -> None:
+    def __init__(self, spec: ClawEvalTask, python: str = sys.executable,
+                 service_env: dict[str, str] | None = None) -> None:
         self.spec = spec
         self.python = python
+        self.service_env = dict(service_env or {})
         self.services: list[services.ClawEvalService] = []
         self.proxy: ToolProxy | None = None
 
@@ -68,7 +70,10 @@ class ClawEvalRollout:
 
     def prepare(self, workspace: Path) -> None:
         self.copy_files(workspace)
-        self.services = services.start_all(self.spec.services, Path(self.spec.repo), self.python)
+        # As Claw-Eval: the run's environment first, the task's own `env` over it.
+        specs = [s.model_copy(update={"env": {**self.service_env, **s.env}})
+                 for s in self.spec.services]
+        self.services = services.start_all(specs, Path(self.spec.repo), self.python)
         if self.spec.tools or self.spec.tool_endpoints:
             self.proxy = ToolProxy(self.spec.tools, self.endpoints())
             self.proxy.start()
