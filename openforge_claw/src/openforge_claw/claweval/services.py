@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ import httpx
 from openforge.executors.process import die_with_parent
 
 from openforge_claw.claweval.spec import ServiceDef
-from openforge_claw.services.command import free_port
+from openforge_claw.services.command import free_port, stop_group
 
 MIN_READY_S = 30.0
 _PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY",
@@ -131,17 +130,7 @@ class ClawEvalService:
 
     def stop(self) -> None:
         if self.proc is not None:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    self.proc.wait(timeout=5)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            self.proc.wait()
+            stop_group(self.proc)
             self.proc = None
         if self._stderr is not None:
             self._stderr.close()
