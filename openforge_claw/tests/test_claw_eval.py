@@ -314,6 +314,54 @@ def test_task_tool_names(called: str, task: str) -> None:
     assert task_tool_name(called, {"notes_list"}) == task
 
 
+# -- scripted solutions and the survey --------------------------------------------------------
+
+def test_solutions_render_in_each_harness_vocabulary() -> None:
+    from openforge_claw.claweval.scripts import render
+
+    source = [{"task": "t", "match": "m", "steps": [
+        {"tools": [{"notes_list": {"query": "x y"}}, {"notes_create": {"title": "it's"}}]},
+        {"shell": "ls"}, {"answer": "done"}], "wrong": [{"answer": "no"}]}]
+    calls = {h: render(source, h)[0]["replies"][0]["tool_calls"]
+             for h in ("mini", "openclaw", "codex", "claude-code")}
+    assert calls["openclaw"][0] == {"name": "claw-eval__notes_list", "arguments": {"query": "x y"}}
+    assert calls["codex"][0]["name"] == "mcp__claw_eval__notes_list"
+    assert calls["claude-code"][1]["name"] == "mcp__claw-eval__notes_create"
+    mini = [c["arguments"]["command"] for c in calls["mini"]]
+    assert mini[0] == """claw-tool notes_list '{"query": "x y"}'"""
+    assert json.loads(__import__("shlex").split(mini[1])[2]) == {"title": "it's"}
+    replies = render(source, "codex")[0]["replies"]
+    assert replies[1] == {"tool_calls": [{"name": "exec_command", "arguments": {"cmd": "ls"}}]}
+    assert replies[2] == {"content": "done"}
+    assert render(source, "mini", wrong=True)[0]["replies"] == [{"content": "no"}]
+    with pytest.raises(ValueError, match="unknown harness"):
+        render(source, "zeroclaw")
+
+
+def test_the_shipped_rendered_solutions_match_their_source() -> None:
+    from openforge_claw.claweval.scripts import dump, load_source, render, source_path
+
+    folder = source_path().parent
+    source = load_source()
+    assert len(source) >= 10 and all(item["steps"] and item["wrong"] for item in source)
+    for harness in ("mini", "openclaw"):
+        for wrong in (False, True):
+            name = f"{'wrong_' if wrong else ''}claw_eval_{harness}.yaml"
+            assert (folder / name).read_text() == dump(render(source, harness, wrong), harness,
+                                                       wrong), f"{name}: re-render it"
+
+
+def test_survey_counts_every_task_under_its_first_need() -> None:
+    from openforge_claw.claweval.survey import table
+
+    text = table(REPO, judged=False, names=True)
+    assert "| loaded | 8 | |" in text
+    assert "| runnable here, scored by their own grader | 3 | |" in text
+    assert "| skipped: need the LLM judge (set judge_base_url and judge_model) | 1 | 1 |" in text
+    assert "runnable: T001zh_notes_digest T002_notes_digest T003_checksum_terminal" in text
+    assert "| runnable here, scored by their own grader | 4 | |" in table(REPO, judged=True)
+
+
 # -- grading ---------------------------------------------------------------------------------
 
 def _use_tool(name: str, arguments: dict) -> object:
