@@ -344,9 +344,9 @@ def test_the_shipped_rendered_solutions_match_their_source() -> None:
     folder = source_path().parent
     source = load_source()
     assert len(source) >= 10 and all(item["steps"] and item["wrong"] for item in source)
-    for harness in ("mini", "openclaw"):
+    for harness in ("mini", "openclaw", "codex", "claude-code"):
         for wrong in (False, True):
-            name = f"{'wrong_' if wrong else ''}claw_eval_{harness}.yaml"
+            name = f"{'wrong_' if wrong else ''}claw_eval_{harness.replace('-', '_')}.yaml"
             assert (folder / name).read_text() == dump(render(source, harness, wrong), harness,
                                                        wrong), f"{name}: re-render it"
 
