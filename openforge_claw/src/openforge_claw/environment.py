@@ -5,7 +5,16 @@ Options:
 - `path`: a folder of tasks (own format, Claw-Eval or QwenClawBench; detected) instead of
   the built-in set;
 - `format`: `auto` (default), `claw`, `claw-eval` or `qwenclawbench`;
-- `categories`: only tasks of these categories.
+- `categories`: only tasks of these categories;
+- `judge`: an OpenAI-compatible judge endpoint (`{base_url, model, api_key_env}`) for
+  the LLM-judged parts of benchmark tasks (`judge.py`);
+- `scoring`: `benchmark` (default: each task scored as its benchmark scores it; tasks that
+  need a judge are skipped, with a count, when there is none) or `automated` (benchmark
+  tasks scored by their automated checks alone);
+- `grader_timeout_s`: how long a benchmark task's own grader may run.
+
+Tasks that cannot run (a broken task file, a missing judge) are listed on stderr with
+their reason and skipped; the others run.
 
 `prepare` copies the fixtures into the workspace and starts the task's services on free
 loopback ports; the agent finds them in `services.json` (and `.claw/<name>.url`) in the
@@ -20,9 +29,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from openforge.config import plugin_options
 from openforge.environment import Environment
@@ -30,9 +40,11 @@ from openforge.errors import OpenforgeError
 from openforge.types import RewardResult, Task
 from pydantic import BaseModel, ConfigDict, Field
 
+from openforge_claw.formats import qwenclawbench_grading
 from openforge_claw.grading import grade
+from openforge_claw.judge import JudgeEndpoint
 from openforge_claw.services import Services
-from openforge_claw.tasks import SERVICES_FILE, ClawTask, builtin_tasks, load_tasks
+from openforge_claw.tasks import SERVICES_FILE, ClawTask, SkippedTask, builtin_tasks, load_tasks
 
 ENV_NAME = "claw"
 HIDDEN = {SERVICES_FILE, ".claw"}  # what prepare adds for the agent: not part of the answer
@@ -46,6 +58,9 @@ class ClawOptions(BaseModel):
     path: str | None = None
     format: str = "auto"
     categories: list[str] = Field(default_factory=list)
+    judge: JudgeEndpoint | None = None
+    scoring: Literal["benchmark", "automated"] = "benchmark"
+    grader_timeout_s: float = Field(default=600.0, gt=0)
 
 
 def claw_task(task: Task) -> ClawTask:
@@ -78,18 +93,47 @@ class ClawEnvironment(Environment):
         super().__init__(**options)
         self.config = plugin_options(ClawOptions, options, "claw environment")
         self.services = Services()
+        self.scoring = qwenclawbench_grading.ScoringOptions.model_validate(
+            self.config.model_dump())
+        self.skipped: list[SkippedTask] = []
 
     def claw_tasks(self) -> list[ClawTask]:
-        tasks = (load_tasks(self.config.path, self.config.format) if self.config.path
-                 else builtin_tasks())
-        if self.config.categories:
-            tasks = [t for t in tasks if t.category in self.config.categories]
+        """The runnable tasks; the others, with their reasons, in `self.skipped`."""
+        loaded = (load_tasks(self.config.path, self.config.format) if self.config.path
+                  else builtin_tasks())
+        self.skipped = list(getattr(loaded, "skipped", []))
+        tasks = []
+        for ct in loaded:
+            if self.config.categories and ct.category not in self.config.categories:
+                continue
+            why = qwenclawbench_grading.unscorable(ct, self.scoring)
+            if why:
+                self.skipped.append(SkippedTask(id=ct.id, reason=why))
+            else:
+                tasks.append(ct)
         return tasks
 
     def tasks(self, split: str | None = None) -> Iterable[Task]:
-        for ct in self.claw_tasks():
+        runnable = self.claw_tasks()
+        report_skipped(self.skipped, len(runnable))
+        for ct in runnable:
             if split is None or ct.split == split:
                 yield to_task(ct)
+
+    def data_paths(self, task: Task) -> list[Path]:
+        """The read-only data `prepare` and the graders read: the task's folder, or for a
+        QwenClawBench task exactly its asset files. A missing one is an error naming it."""
+        ct = claw_task(task)
+        root = Path(ct.root) if ct.root else None
+        if ct.format != "qwenclawbench":
+            if root is not None and not root.is_dir():
+                raise OpenforgeError(f"task {ct.id}: its folder {root} is missing")
+            return [root] if root is not None else []
+        paths = [(root or Path(".")) / wf.source for wf in ct.workspace_files]
+        for path in paths:
+            if not path.exists():
+                raise OpenforgeError(f"task {ct.id}: data file {path} is missing")
+        return paths
 
     def prepare(self, task: Task, workspace: Path) -> None:
         ct = claw_task(task)
@@ -98,6 +142,8 @@ class ClawEnvironment(Environment):
             _copy_tree(root / ct.fixtures, workspace)
         for wf in ct.workspace_files:
             src = (root or Path(".")) / wf.source
+            if not src.exists():
+                raise OpenforgeError(f"task {ct.id}: data file {src} is missing")
             target = workspace / wf.dest
             target.parent.mkdir(parents=True, exist_ok=True)
             if src.is_dir():
@@ -137,7 +183,23 @@ class ClawEnvironment(Environment):
         return {"files": files, "services": self.services.snapshot()}
 
     def check(self, task: Task, workspace: Path, final_state: dict[str, Any]) -> RewardResult:
-        return grade(claw_task(task), workspace, final_state)
+        ct = claw_task(task)
+        if ct.format == "qwenclawbench":
+            return qwenclawbench_grading.score(ct, workspace, final_state, None, self.scoring)
+        return grade(ct, workspace, final_state)
 
     def close(self) -> None:
         self.services.stop()
+
+
+def report_skipped(skipped: list[SkippedTask], runnable: int) -> None:
+    """One stderr line per reason: how many tasks it skips, and which."""
+    if not skipped:
+        return
+    by_reason: dict[str, list[str]] = {}
+    for s in skipped:
+        by_reason.setdefault(s.reason, []).append(s.id)
+    print(f"claw: {runnable} tasks runnable, {len(skipped)} skipped:", file=sys.stderr)
+    for reason, ids in by_reason.items():
+        shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
+        print(f"  {len(ids)} skipped: {reason} [{shown}]", file=sys.stderr)

@@ -79,6 +79,34 @@ class WorkspaceFile(BaseModel):
     dest: str
 
 
+class QwenClawBenchGrading(BaseModel):
+    """How QwenClawBench grades one task (`formats/qwenclawbench.py`, `qwenclawbench_grading.py`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grading_type: Literal["automated", "llm_judge", "hybrid"]
+    code: str | None = None  # `## Automated Checks`: defines grade(transcript, workspace_path)
+    weights: dict[str, float] | None = None  # {automated: w_a, llm_judge: w_l}
+    expected_behavior: str = ""
+    judge_rubric: str = ""  # `## LLM Judge Rubric`, else the grading criteria as a list
+    external_dependency: str | None = None
+
+
+class SkippedTask(BaseModel):
+    """A task that was read but cannot run here, and why (reported, never scored)."""
+
+    id: str
+    reason: str
+
+
+class TaskList(list["ClawTask"]):
+    """Loaded tasks, plus the ones that were skipped (a broken task never sinks the load)."""
+
+    def __init__(self, tasks: Any = (), skipped: list[SkippedTask] | None = None) -> None:
+        super().__init__(tasks)
+        self.skipped: list[SkippedTask] = list(skipped or [])
+
+
 class ClawTask(BaseModel):
     """A claw task, whatever format it was read from; `root` is its folder (fixtures)."""
 
@@ -100,6 +128,7 @@ class ClawTask(BaseModel):
     fixtures: str = "fixtures"
     files: dict[str, str] = Field(default_factory=dict)  # inline fixture files
     workspace_files: list[WorkspaceFile] = Field(default_factory=list)
+    qwenclawbench: QwenClawBenchGrading | None = None
 
     def full_prompt(self) -> str:
         return self.prompt.rstrip() + (SERVICE_HINT if self.services else "")

@@ -136,6 +136,7 @@ class OpenClawHarness(Harness):
 
     def prepare(self, ctx: HarnessContext) -> None:
         write_config(ctx, self.config)
+        (ctx.home / ".openclaw" / "state").mkdir(parents=True, exist_ok=True)
         # The prompt goes through a file: a task that starts with `-` is not a flag.
         prompt_path(ctx).write_text(ctx.task.prompt)
 
@@ -148,7 +149,8 @@ class OpenClawHarness(Harness):
         cfg = config_path(ctx)
         argv = [*self.program(), "agent", "exec", "--config", str(cfg),
                 "--model", f"{PROVIDER}/{ctx.model}", "--cwd", str(ctx.workspace),
-                "--timeout", str(self.agent_timeout_s(ctx)), "--json"]
+                "--timeout", str(self.agent_timeout_s(ctx)), "--json",
+                "--state-dir", str(ctx.home / ".openclaw" / "state")]
         if self.config.thinking:
             argv += ["--thinking", self.config.thinking]
         argv += ["--message-file", str(prompt_path(ctx))]
