@@ -105,16 +105,20 @@ def transcript(task: ClawTask, workspace: Path, final_state: dict[str, Any],
 
 # -- the automated checks --------------------------------------------------------------------
 
+_SANDBOX = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+_ISOLATE = ["--unshare-all", "--die-with-parent", "--new-session"]
+
+
 @functools.cache
 def usable_bwrap() -> str | None:
-    """bubblewrap, when it is installed and can make a sandbox here (not inside another)."""
+    """bubblewrap, when it is installed and can make the grader's sandbox here (inside
+    another sandbox it cannot mount /proc: the grader then runs as a plain process)."""
     bwrap = bwrap_path()
     if not bwrap:
         return None
     try:
-        probe = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-all",
-                                "--die-with-parent", "true"], capture_output=True, timeout=30,
-                               stdin=subprocess.DEVNULL)
+        probe = subprocess.run([bwrap, *_SANDBOX, *_ISOLATE, "true"], capture_output=True,
+                               timeout=30, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return bwrap if probe.returncode == 0 else None
@@ -128,10 +132,8 @@ def _argv(workspace: Path, home: Path, env: dict[str, str]) -> list[str]:
     binds: list[str] = []
     for path in LocalExecutor._code_under_tmp(env):
         binds += ["--ro-bind", path, path]
-    return [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-            *binds, "--bind", str(home), str(home), "--bind", str(workspace), str(workspace),
-            "--unshare-all", "--die-with-parent", "--new-session", "--chdir", str(workspace),
-            *argv]
+    return [bwrap, *_SANDBOX, *binds, "--bind", str(home), str(home), "--bind",
+            str(workspace), str(workspace), *_ISOLATE, "--chdir", str(workspace), *argv]
 
 
 def run_grader(code: str, events: list[dict[str, Any]], workspace: Path,
