@@ -85,7 +85,7 @@ def _solve_sum_calls(answer: str = "The sum is 60.") -> list[Call]:
     user = {"role": "user", "content": "numbers.txt holds ..."}
     tool_call = {"id": "call_1", "type": "function",
                  "function": {"name": "shell", "arguments": json.dumps(
-                     {"command": "paste -sd+ numbers.txt | bc > sum.txt; cat sum.txt"})}}
+                     {"command": "awk '{s += $1} END {print s}' numbers.txt > sum.txt"})}}
     first = _call(0, [system, user], {"role": "assistant", "content": None,
                                       "tool_calls": [tool_call]})
     second = _call(1, [system, user, {"role": "assistant", "content": None,
@@ -299,7 +299,7 @@ def test_recorded_calls_become_openclaw_session_events() -> None:
     assert messages[0]["content"] == "numbers.txt holds ..."  # user content: a string
     call = messages[1]["content"][0]
     assert call["type"] == "toolCall" and call["name"] == "shell"
-    assert call["arguments"] == {"command": "paste -sd+ numbers.txt | bc > sum.txt; cat sum.txt"}
+    assert call["arguments"] == {"command": "awk '{s += $1} END {print s}' numbers.txt > sum.txt"}
     assert messages[1]["stopReason"] == "toolUse" and messages[1]["api"] == "openai-completions"
     assert messages[2] == {"role": "toolResult", "toolCallId": "call_1", "toolName": "shell",
                            "content": [{"type": "text", "text": "60"}], "isError": False,
@@ -461,3 +461,75 @@ def test_judge_answers_are_read_like_the_benchmark_reads_them() -> None:
     penalised, simple = qg.combine(
         load_tasks(DATA)[1].qwenclawbench, 0.74, 1.0)  # type: ignore[arg-type]
     assert penalised == pytest.approx(0.4 * 0.74) and simple == pytest.approx(0.4 * 0.74 + 0.6)
+
+
+# -- through `openforge run`: gateway, local executor, the mini agent, the judge -------------
+
+def _run(script: str, runs: Path, judge_url: str, k: int = 1):
+    from openforge.config import EngineConfig, RunConfig
+    from openforge.runner import read_results, run_from_config
+
+    config = RunConfig(
+        harness="mini", harness_options={"max_steps": 6}, environment="claw",
+        environment_options={"path": str(DATA), "judge": {"base_url": judge_url,
+                                                          "model": "judge-1", "retries": 1}},
+        reward="claw-grader", concurrency=3, timeout_s=120, k=k, runs_dir=runs,
+        engine=EngineConfig(name="scripted", options={"script": str(DATA.parent / script)}))
+    result = run_from_config(config)
+    return result, {r.task_id: r for r in read_results(result.run_dir)}
+
+
+def test_openforge_run_scores_benchmark_tasks_with_grader_and_judge(
+        tmp_path: Path, judge: ThreadingHTTPServer) -> None:
+    judge.replies += [(200, '{"scores": {"quality": 1.0}, "total": 1.0}')] * 12  # type: ignore[attr-defined]
+    url = _endpoint(judge)["base_url"]
+    right, records = _run("qwenclawbench_solutions.yaml", tmp_path / "right", url, k=2)
+    assert set(records) == {"task_00001_sum", "task_00002_report", "task_00003_explain"}
+    assert all(r.status == "ok" and r.passed and r.reward == 1.0 for r in records.values()), {
+        t: (r.status, r.error, r.reward_details) for t, r in records.items()}
+    summed = records["task_00001_sum"].reward_details
+    assert summed["transcript_source"] == "recorded calls"
+    assert summed["breakdown"]["automated.read_the_data"] == 1.0  # the tool call, seen in events
+    report = records["task_00002_report"].reward_details
+    assert report["score_simple"] == 1.0 and report["breakdown"]["llm_judge.quality"] == 1.0
+    summary = json.loads((right.run_dir / "report.json").read_text())
+    assert summary["pass_at_k"] == {"1": 1.0, "2": 1.0} and summary["pass_hat_k"]["2"] == 1.0
+
+    _, wrong = _run("qwenclawbench_wrong.yaml", tmp_path / "wrong", url)
+    assert all(r.status == "ok" for r in wrong.values())
+    assert not wrong["task_00001_sum"].passed and not wrong["task_00002_report"].passed
+    # The llm_judge task is the judge's alone (this stand-in gives everything 1.0; the
+    # benchmark's transcript summary shows the judge tool calls, not the answer text).
+    assert wrong["task_00003_explain"].reward_details["llm_judge"] == 1.0
+    # Automated 0.2 < 0.75: the judge's 1.0 does not count (penalised hybrid score).
+    assert wrong["task_00002_report"].reward == pytest.approx(0.0)
+    assert wrong["task_00002_report"].reward_details["score_simple"] == pytest.approx(0.6)
+    assert wrong["task_00001_sum"].reward == pytest.approx(0.4)  # 2 of 5 criteria
+
+
+@pytest.mark.e2e
+def test_openclaw_runs_benchmark_tasks_and_its_own_transcript_is_graded(tmp_path: Path) -> None:
+    """The real OpenClaw (npm): its session events reach the grader (they agree with the
+    recorded calls), right scripts pass and wrong ones fail."""
+    pytest.importorskip("openforge_openclaw",
+                        reason="pip install ./plugins/openforge-openclaw (nox -s e2e does)")
+    from openforge.config import EngineConfig, RunConfig
+    from openforge.runner import read_results, run_from_config
+
+    results = {}
+    for name in ("qwenclawbench_solutions.yaml", "qwenclawbench_wrong.yaml"):
+        script = tmp_path / name  # OpenClaw's shell tool is `exec`
+        script.write_text((DATA.parent / name).read_text().replace("name: shell", "name: exec"))
+        config = RunConfig(
+            harness="openclaw", environment="claw", reward="claw-grader", concurrency=2,
+            environment_options={"path": str(DATA), "scoring": "automated"},
+            tasks=["task_00001_sum", "task_00002_report"], timeout_s=240,
+            runs_dir=tmp_path / name, engine=EngineConfig(name="scripted",
+                                                          options={"script": str(script)}))
+        results[name] = {r.task_id: r for r in read_results(run_from_config(config).run_dir)}
+    right, wrong = results.values()
+    assert all(r.status == "ok" and r.passed for r in right.values()), {
+        t: (r.status, r.error, r.reward_details) for t, r in right.items()}
+    assert all(r.reward_details["transcript_source"] == "openclaw" for r in right.values())
+    assert right["task_00001_sum"].reward_details["breakdown"]["automated.read_the_data"] == 1.0
+    assert all(r.status == "ok" and not r.passed for r in wrong.values())
