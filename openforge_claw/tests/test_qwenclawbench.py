@@ -62,9 +62,9 @@ def judge() -> Iterator[ThreadingHTTPServer]:
     server.server_close()
 
 
-def _endpoint(server: ThreadingHTTPServer, **extra: Any) -> dict[str, Any]:
-    return {"base_url": f"http://127.0.0.1:{server.server_address[1]}/v1", "model": "judge-1",
-            "retries": 1, **extra}
+def _judge_options(server: ThreadingHTTPServer, **extra: Any) -> dict[str, Any]:
+    return {"judge_base_url": f"http://127.0.0.1:{server.server_address[1]}/v1",
+            "judge_model": "judge-1", **extra}
 
 
 # -- recorded calls as the gateway stores them (chat dialect) --------------------------------
@@ -189,7 +189,7 @@ def test_without_a_judge_judge_tasks_are_listed_and_skipped(capsys: pytest.Captu
     env = _env()
     assert [t.id for t in env.tasks()] == ["task_00001_sum"]
     err = capsys.readouterr().err
-    assert "claw: 1 tasks runnable, 5 skipped:" in err
+    assert "qwenclawbench: 1 tasks runnable, 5 skipped:" in err
     assert "2 skipped: needs an LLM judge" not in err  # two different grading types
     assert "1 skipped: needs an LLM judge (grading_type hybrid)" in err
     assert "1 skipped: needs an LLM judge (grading_type llm_judge)" in err
@@ -197,7 +197,7 @@ def test_without_a_judge_judge_tasks_are_listed_and_skipped(capsys: pytest.Captu
     automated = _env(scoring="automated")
     assert [t.id for t in automated.tasks()] == ["task_00001_sum", "task_00002_report"]
     assert "llm_judge task: it has no automated checks" in capsys.readouterr().err
-    judged = _env(judge=_endpoint(judge))
+    judged = _env(**_judge_options(judge))
     assert len(list(judged.tasks())) == 3
 
 
@@ -275,6 +275,25 @@ def test_grader_runs_sandboxed_when_bubblewrap_works(tmp_path: Path) -> None:
     # Read-only outside the workspace, and no way to the host's network.
     assert result["scores"] == {"wrote": 0, "net": 0}
     assert (ws / "inside.txt").read_text() == "ok"
+
+
+def test_a_bubblewrap_that_cannot_sandbox_here_falls_back_to_a_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside another sandbox bwrap exists but cannot mount /proc: probed with the grader's
+    own flags, it is not used, and the grader still runs (as a plain process)."""
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: Cannot mount proc' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(qg, "bwrap_path", lambda: str(fake))
+    qg.usable_bwrap.cache_clear()
+    try:
+        assert qg.usable_bwrap() is None
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        assert qg.run_grader("def grade(t, w):\n    return {'ok': 1}\n", [], ws, 60) == {
+            "ok": True, "scores": {"ok": 1}}
+    finally:
+        qg.usable_bwrap.cache_clear()
 
 
 def test_a_grader_that_cannot_run_here_is_an_infra_error(tmp_path: Path) -> None:
@@ -373,7 +392,7 @@ def _report_calls() -> list[Call]:
 def test_hybrid_weighting_and_the_penalty(tmp_path: Path, judge: ThreadingHTTPServer,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QCB_JUDGE_KEY", "judge-secret")
-    env = _env(judge=_endpoint(judge, api_key_env="QCB_JUDGE_KEY"))
+    env = _env(**_judge_options(judge, judge_api_key_env="QCB_JUDGE_KEY"))
     judge.replies += [  # type: ignore[attr-defined]
         (200, 'Here you go:\n```json\n{"scores": {"quality": {"score": 0.5, "weight": 1}}, '
               '"total": 0.5, "notes": "fine"}\n```'),
@@ -405,7 +424,7 @@ def test_hybrid_weighting_and_the_penalty(tmp_path: Path, judge: ThreadingHTTPSe
 
 def test_perfect_hybrid_passes_and_llm_judge_tasks_use_the_judge_alone(
         tmp_path: Path, judge: ThreadingHTTPServer) -> None:
-    env = _env(judge=_endpoint(judge))
+    env = _env(**_judge_options(judge))
     judge.replies += [(200, '{"scores": {"quality": 1.0}, "total": 1.0}'),  # type: ignore[attr-defined]
                       (200, "Overall score: 0.8")]
     task, ws = _report_done(env, tmp_path, right=True)
@@ -422,11 +441,15 @@ def test_perfect_hybrid_passes_and_llm_judge_tasks_use_the_judge_alone(
 
 def test_a_failing_or_unreadable_judge_is_an_error_never_a_zero(
         tmp_path: Path, judge: ThreadingHTTPServer) -> None:
-    env = _env(judge=_endpoint(judge))
+    env = _env(**_judge_options(judge))
     task, ws = _report_done(env, tmp_path, right=True)
+    judge.replies += [(503, "overloaded"), (200, '{"total": 0.5}')]  # type: ignore[attr-defined]
+    flaky = JudgeEndpoint(base_url=_judge_options(judge)["judge_base_url"], model="m", retries=2)
+    assert flaky.ask("hi") == '{"total": 0.5}'  # retried after the 503
     judge.replies.append((503, "overloaded"))  # type: ignore[attr-defined]
+    once = JudgeEndpoint(base_url=flaky.base_url, model="m", retries=1)
     with pytest.raises(JudgeError, match="failed 1 times; last: HTTP 503"):
-        env.check(task, ws, env.final_state(task, ws))
+        once.ask("hi")
     judge.replies.append((200, "I cannot grade this."))  # type: ignore[attr-defined]
     with pytest.raises(JudgeError, match="holds no score"):
         env.check(task, ws, env.final_state(task, ws))
@@ -434,7 +457,9 @@ def test_a_failing_or_unreadable_judge_is_an_error_never_a_zero(
     with pytest.raises(JudgeError, match="refused the request: HTTP 400"):
         env.check(task, ws, env.final_state(task, ws))
     with pytest.raises(OpenforgeError, match="session URL"):
-        _env(judge={"base_url": "http://127.0.0.1:1/s/tok/v1", "model": "m"})
+        _env(judge_base_url="http://127.0.0.1:1/s/tok/v1", judge_model="m")
+    with pytest.raises(OpenforgeError, match="set both judge_base_url and judge_model"):
+        _env(judge_model="m")
     dead = JudgeEndpoint(base_url="http://127.0.0.1:9/v1", model="m", retries=1)
     with pytest.raises(JudgeError, match="ConnectError"):
         dead.ask("hi")
@@ -471,8 +496,8 @@ def _run(script: str, runs: Path, judge_url: str, k: int = 1):
 
     config = RunConfig(
         harness="mini", harness_options={"max_steps": 6}, environment="claw",
-        environment_options={"path": str(DATA), "judge": {"base_url": judge_url,
-                                                          "model": "judge-1", "retries": 1}},
+        environment_options={"path": str(DATA), "judge_base_url": judge_url,
+                             "judge_model": "judge-1"},
         reward="claw-grader", concurrency=3, timeout_s=120, k=k, runs_dir=runs,
         engine=EngineConfig(name="scripted", options={"script": str(DATA.parent / script)}))
     result = run_from_config(config)
@@ -482,7 +507,7 @@ def _run(script: str, runs: Path, judge_url: str, k: int = 1):
 def test_openforge_run_scores_benchmark_tasks_with_grader_and_judge(
         tmp_path: Path, judge: ThreadingHTTPServer) -> None:
     judge.replies += [(200, '{"scores": {"quality": 1.0}, "total": 1.0}')] * 12  # type: ignore[attr-defined]
-    url = _endpoint(judge)["base_url"]
+    url = _judge_options(judge)["judge_base_url"]
     right, records = _run("qwenclawbench_solutions.yaml", tmp_path / "right", url, k=2)
     assert set(records) == {"task_00001_sum", "task_00002_report", "task_00003_explain"}
     assert all(r.status == "ok" and r.passed and r.reward == 1.0 for r in records.values()), {

@@ -6,14 +6,14 @@ Options:
   the built-in set;
 - `format`: `auto` (default), `claw`, `claw-eval` or `qwenclawbench`;
 - `categories`: only tasks of these categories;
-- `judge`: an OpenAI-compatible judge endpoint (`{base_url, model, api_key_env}`) for
-  the LLM-judged parts of benchmark tasks (`judge.py`);
-- `scoring`: `benchmark` (default: each task scored as its benchmark scores it; tasks that
-  need a judge are skipped, with a count, when there is none) or `automated` (benchmark
-  tasks scored by their automated checks alone);
-- `grader_timeout_s`: how long a benchmark task's own grader may run.
+- `judge_base_url`, `judge_model`, `judge_api_key_env`: the LLM judge of the benchmarks'
+  judged parts, any OpenAI-compatible endpoint (`judge.py`);
+- `grader_timeout_s`: how long a benchmark task's own grader may run;
+- `scoring` (QwenClawBench): `benchmark` (default: each task scored as the benchmark
+  scores it; tasks that need the judge are skipped, with a count, when there is none) or
+  `automated` (every task scored by its automated checks alone).
 
-Tasks that cannot run (a broken task file, a missing judge) are listed on stderr with
+Benchmark tasks that cannot run (a broken task file, no judge) are listed on stderr with
 their reason and skipped; the others run.
 
 `prepare` copies the fixtures into the workspace and starts the task's services on free
@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -37,14 +36,13 @@ from typing import Any, Literal
 from openforge.config import plugin_options
 from openforge.environment import Environment
 from openforge.errors import OpenforgeError
-from openforge.types import RewardResult, Task
+from openforge.types import Call, RewardResult, Task
 from pydantic import BaseModel, ConfigDict, Field
 
 from openforge_claw.formats import qwenclawbench_grading
 from openforge_claw.grading import grade
-from openforge_claw.judge import JudgeEndpoint
 from openforge_claw.services import Services
-from openforge_claw.tasks import SERVICES_FILE, ClawTask, SkippedTask, builtin_tasks, load_tasks
+from openforge_claw.tasks import SERVICES_FILE, ClawTask, builtin_tasks, load_tasks
 
 ENV_NAME = "claw"
 HIDDEN = {SERVICES_FILE, ".claw"}  # what prepare adds for the agent: not part of the answer
@@ -58,9 +56,11 @@ class ClawOptions(BaseModel):
     path: str | None = None
     format: str = "auto"
     categories: list[str] = Field(default_factory=list)
-    judge: JudgeEndpoint | None = None
-    scoring: Literal["benchmark", "automated"] = "benchmark"
+    judge_base_url: str | None = None
+    judge_model: str | None = None
+    judge_api_key_env: str | None = None
     grader_timeout_s: float = Field(default=600.0, gt=0)
+    scoring: Literal["benchmark", "automated"] = "benchmark"
 
 
 def claw_task(task: Task) -> ClawTask:
@@ -93,30 +93,19 @@ class ClawEnvironment(Environment):
         super().__init__(**options)
         self.config = plugin_options(ClawOptions, options, "claw environment")
         self.services = Services()
-        self.scoring = qwenclawbench_grading.ScoringOptions.model_validate(
-            self.config.model_dump())
-        self.skipped: list[SkippedTask] = []
+        self.scoring = qwenclawbench_grading.ScoringOptions.of(self.config)
 
     def claw_tasks(self) -> list[ClawTask]:
-        """The runnable tasks; the others, with their reasons, in `self.skipped`."""
-        loaded = (load_tasks(self.config.path, self.config.format) if self.config.path
-                  else builtin_tasks())
-        self.skipped = list(getattr(loaded, "skipped", []))
-        tasks = []
-        for ct in loaded:
-            if self.config.categories and ct.category not in self.config.categories:
-                continue
-            why = qwenclawbench_grading.unscorable(ct, self.scoring)
-            if why:
-                self.skipped.append(SkippedTask(id=ct.id, reason=why))
-            else:
-                tasks.append(ct)
+        tasks = (load_tasks(self.config.path, self.config.format) if self.config.path
+                 else builtin_tasks())
+        # QwenClawBench: only what can be scored here; the rest is listed and counted.
+        tasks = qwenclawbench_grading.runnable(tasks, self.scoring)
+        if self.config.categories:
+            tasks = [t for t in tasks if t.category in self.config.categories]
         return tasks
 
     def tasks(self, split: str | None = None) -> Iterable[Task]:
-        runnable = self.claw_tasks()
-        report_skipped(self.skipped, len(runnable))
-        for ct in runnable:
+        for ct in self.claw_tasks():
             if split is None or ct.split == split:
                 yield to_task(ct)
 
@@ -183,23 +172,16 @@ class ClawEnvironment(Environment):
         return {"files": files, "services": self.services.snapshot()}
 
     def check(self, task: Task, workspace: Path, final_state: dict[str, Any]) -> RewardResult:
+        return self.score(task, workspace, final_state, None)
+
+    def score(self, task: Task, workspace: Path, final_state: dict[str, Any],
+              calls: list[Call] | None) -> RewardResult:
+        """The task's verdict: a QwenClawBench task's own grader (and judge), else
+        openforge-claw's checks."""
         ct = claw_task(task)
-        if ct.format == "qwenclawbench":
-            return qwenclawbench_grading.score(ct, workspace, final_state, None, self.scoring)
-        return grade(ct, workspace, final_state)
+        if ct.qwenclawbench is not None:
+            return qwenclawbench_grading.score(ct, workspace, final_state, calls, self.scoring)
+        return grade(ct, workspace, final_state, calls)
 
     def close(self) -> None:
         self.services.stop()
-
-
-def report_skipped(skipped: list[SkippedTask], runnable: int) -> None:
-    """One stderr line per reason: how many tasks it skips, and which."""
-    if not skipped:
-        return
-    by_reason: dict[str, list[str]] = {}
-    for s in skipped:
-        by_reason.setdefault(s.reason, []).append(s.id)
-    print(f"claw: {runnable} tasks runnable, {len(skipped)} skipped:", file=sys.stderr)
-    for reason, ids in by_reason.items():
-        shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
-        print(f"  {len(ids)} skipped: {reason} [{shown}]", file=sys.stderr)

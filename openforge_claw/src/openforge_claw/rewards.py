@@ -28,7 +28,6 @@ from openforge.types import Call, RewardResult, Task
 from pydantic import BaseModel, ConfigDict
 
 from openforge_claw.environment import ClawEnvironment, claw_task
-from openforge_claw.formats import qwenclawbench_grading
 from openforge_claw.grading import grade
 from openforge_claw.judge import JudgeError
 
@@ -49,12 +48,9 @@ class GraderReward(Reward):
 
     def score(self, task: Task, environment: Environment, workspace: Path,
               final_state: dict[str, Any], calls: list[Call] | None = None) -> RewardResult:
-        ct = claw_task(task)
-        if ct.format == "qwenclawbench":  # the benchmark's own grader, judge and weighting
-            options = (environment.scoring if isinstance(environment, ClawEnvironment)
-                       else qwenclawbench_grading.ScoringOptions())
-            return qwenclawbench_grading.score(ct, workspace, final_state, calls, options)
-        return grade(ct, workspace, final_state, calls)
+        if isinstance(environment, ClawEnvironment):  # a benchmark task: its own grader
+            return environment.score(task, workspace, final_state, calls)
+        return grade(claw_task(task), workspace, final_state, calls)
 
 
 class JudgeOptions(BaseModel):

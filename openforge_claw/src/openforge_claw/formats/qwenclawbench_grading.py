@@ -5,8 +5,8 @@
   /tmp, no network; a hard timeout) on the final workspace and the transcript in OpenClaw's
   session-event format (`openclaw_events.py`). Its criterion dict is kept; the score is
   the mean of its numeric values.
-- llm_judge: a judge model (`environment_options.judge`, any OpenAI-compatible endpoint)
-  scores the rubric; its per-criterion dict is kept.
+- llm_judge: a judge model (`environment_options.judge_base_url` / `judge_model`, any
+  OpenAI-compatible endpoint) scores the rubric; its per-criterion dict is kept.
 - hybrid: w_a * s_a + w_l * s_l * 1[s_a >= 0.75], divided by w_a + w_l (the benchmark's
   default, penalised scoring; weights from `grading_weights`, default 0.5 / 0.5); the
   plain weighted mean is kept as `score_simple`.
@@ -42,11 +42,11 @@ from openforge.errors import OpenforgeError
 from openforge.executors.local import LocalExecutor, bwrap_path, scrub_env
 from openforge.executors.process import die_with_parent, kill_tree
 from openforge.types import Call, RewardResult
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from openforge_claw.formats import openclaw_events
 from openforge_claw.judge import JudgeEndpoint, JudgeError
-from openforge_claw.tasks import ClawTask, QwenClawBenchGrading
+from openforge_claw.tasks import ClawTask, QwenClawBenchGrading, SkippedTask
 
 AUTO_PENALTY_THRESHOLD = 0.75  # below it, the judge's part of a hybrid score is dropped
 PERFECT = 1.0 - 1e-9
@@ -60,11 +60,56 @@ class GraderError(OpenforgeError):
 class ScoringOptions(BaseModel):
     """The claw environment's options that decide how QwenClawBench tasks are scored."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     judge: JudgeEndpoint | None = None
     scoring: Literal["benchmark", "automated"] = "benchmark"
     grader_timeout_s: float = Field(default=600.0, gt=0)
+
+    @classmethod
+    def of(cls, options: Any) -> ScoringOptions:
+        """From the claw environment's options (`judge_base_url`, `judge_model`, ...)."""
+        judge = None
+        if options.judge_base_url or options.judge_model:
+            if not (options.judge_base_url and options.judge_model):
+                raise OpenforgeError("claw environment: set both judge_base_url and "
+                                     "judge_model (the judge's OpenAI-compatible endpoint)")
+            try:
+                judge = JudgeEndpoint(base_url=options.judge_base_url, model=options.judge_model,
+                                      api_key_env=options.judge_api_key_env)
+            except ValidationError as exc:
+                why = exc.errors()[0]["msg"].removeprefix("Value error, ")
+                raise OpenforgeError(f"claw environment: judge_base_url {why}") from None
+        return cls(judge=judge, scoring=options.scoring,
+                   grader_timeout_s=options.grader_timeout_s)
+
+
+def runnable(tasks: list[ClawTask], options: ScoringOptions) -> list[ClawTask]:
+    """The tasks that can be scored here. The others (tasks the loader skipped, tasks that
+    need a judge there is none of) are listed on stderr with their reasons."""
+    skipped = list(getattr(tasks, "skipped", []))
+    keep = []
+    for task in tasks:
+        why = unscorable(task, options)
+        if why:
+            skipped.append(SkippedTask(id=task.id, reason=why))
+        else:
+            keep.append(task)
+    report_skipped(skipped, len(keep))
+    return keep
+
+
+def report_skipped(skipped: list[SkippedTask], runnable: int) -> None:
+    """One stderr line per reason: how many tasks it skips, and which."""
+    if not skipped:
+        return
+    by_reason: dict[str, list[str]] = {}
+    for s in skipped:
+        by_reason.setdefault(s.reason, []).append(s.id)
+    print(f"qwenclawbench: {runnable} tasks runnable, {len(skipped)} skipped:", file=sys.stderr)
+    for reason, ids in by_reason.items():
+        shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
+        print(f"  {len(ids)} skipped: {reason} [{shown}]", file=sys.stderr)
 
 
 def unscorable(task: ClawTask, options: ScoringOptions) -> str | None:
@@ -78,8 +123,8 @@ def unscorable(task: ClawTask, options: ScoringOptions) -> str | None:
         return None
     if spec.grading_type != "automated" and options.judge is None:
         return (f"needs an LLM judge (grading_type {spec.grading_type}): set "
-                f"environment_options.judge, or environment_options.scoring=automated to "
-                f"score its automated checks alone")
+                f"environment_options.judge_base_url and judge_model, or "
+                f"environment_options.scoring=automated to score its automated checks alone")
     return None
 
 
