@@ -24,6 +24,8 @@ def install_openforge(session: nox.Session, extras: str = "test,kubernetes") -> 
 def tests(session: nox.Session) -> None:
     """The test suite (unit, integration over real HTTP, property tests)."""
     install_openforge(session)
+    # The openclaw plugin's dependency: its tests read OpenClaw's zstd-compressed session events.
+    session.install("zstandard")
     # tests/e2e runs the real harness programs (minutes each): `nox -s e2e`.
     session.run("python", "-m", "pytest", "-q", "--ignore=tests/e2e", *session.posargs)
 
@@ -47,6 +49,10 @@ def e2e(session: nox.Session) -> None:
     session.install("./openforge_claw[test]")
     session.run("python", "-m", "pytest", "-q", "openforge_claw/tests/test_openclaw_e2e.py",
                 *session.posargs, env={"OPENFORGE_E2E": "1"})
+    # QwenClawBench fixture tasks through the real OpenClaw: its own session events graded.
+    session.run("python", "-m", "pytest", "-q", "-m", "e2e",
+                "openforge_claw/tests/test_qwenclawbench.py", *session.posargs,
+                env={"OPENFORGE_E2E": "1"})
 
 
 @nox.session
