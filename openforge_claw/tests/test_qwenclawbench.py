@@ -465,6 +465,15 @@ def test_a_failing_or_unreadable_judge_is_an_error_never_a_zero(
         dead.ask("hi")
 
 
+def test_claw_judge_points_benchmark_tasks_at_the_benchmarks_own_judge(tmp_path: Path) -> None:
+    from openforge_claw.rewards import JudgeReward
+
+    env = _env(scoring="automated")
+    task = _task(env, "task_00001_sum")
+    with pytest.raises(JudgeError, match="score it with --reward claw-grader"):
+        JudgeReward(model="openai/judge").score(task, env, tmp_path, {}, None)
+
+
 def test_automated_only_scoring_is_labelled(tmp_path: Path) -> None:
     env = _env(scoring="automated")
     task, ws = _report_done(env, tmp_path, right=True)

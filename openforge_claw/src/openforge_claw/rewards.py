@@ -129,6 +129,10 @@ class JudgeReward(Reward):
     def score(self, task: Task, environment: Environment, workspace: Path,
               final_state: dict[str, Any], calls: list[Call] | None = None) -> RewardResult:
         ct = claw_task(task)
+        if ct.qwenclawbench is not None:
+            raise JudgeError(f"task {ct.id} is a QwenClawBench task: score it with --reward "
+                             f"claw-grader and environment_options.judge_base_url / judge_model "
+                             f"(the benchmark's own judge prompt and weighting)")
         if not ct.rubric:
             raise JudgeError(f"task {ct.id} has no rubric for the judge; use --reward claw-grader")
         graded = grade(ct, workspace, final_state, calls)
