@@ -558,7 +558,7 @@ def test_openclaw_runs_benchmark_tasks_and_its_own_transcript_is_graded(tmp_path
             harness="openclaw", environment="claw", reward="claw-grader", concurrency=2,
             environment_options={"path": str(DATA), "scoring": "automated"},
             tasks=["task_00001_sum", "task_00002_report"], timeout_s=240,
-            runs_dir=tmp_path / name, engine=EngineConfig(name="scripted",
+            runs_dir=tmp_path / f"runs-{name}", engine=EngineConfig(name="scripted",
                                                           options={"script": str(script)}))
         results[name] = {r.task_id: r for r in read_results(run_from_config(config).run_dir)}
     right, wrong = results.values()
