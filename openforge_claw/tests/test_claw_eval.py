@@ -20,21 +20,23 @@ import anyio
 import httpx
 import psutil
 import pytest
-from claw_eval_helpers import REPO, graded, judge_standin, task_of
+from claw_eval_helpers import REPO, graded, task_of
+from conftest import JudgeStandIn
 from openforge.gateway.dialects import DIALECTS  # noqa: F401 (the trace module's parser)
 from openforge.types import Call
 
-from openforge_claw.claweval import SKIP_REASONS, blocking_need, runnable
+from openforge_claw.claweval import SKIP_REASONS, blocking_need
 from openforge_claw.claweval.bridge import TOOLS_FILE
 from openforge_claw.claweval.checkout import CheckoutError, grader_uses_judge
-from openforge_claw.claweval.grading import GradingError
 from openforge_claw.claweval.services import ClawEvalService, ServiceStartError, moved
 from openforge_claw.claweval.snapshot import bwrap
 from openforge_claw.claweval.spec import ServiceDef, ToolEndpoint, ToolSpec
 from openforge_claw.claweval.toolproxy import ToolProxy
 from openforge_claw.claweval.trace import harness_dispatches, messages, task_tool_name
 from openforge_claw.environment import ClawEnvironment
-from openforge_claw.tasks import load_tasks
+from openforge_claw.formats.claw_eval import skipped
+from openforge_claw.grader_process import GraderError
+from openforge_claw.tasks import UNREADABLE, TaskLoadError, load_tasks, report_skipped
 
 pytest.importorskip("fastapi", reason="pip install './openforge_claw[claw-eval]' (nox -s claw does)")
 needs_bwrap = pytest.mark.skipif(bwrap() is None, reason="snapshot commands run under "
@@ -44,17 +46,21 @@ needs_bwrap = pytest.mark.skipif(bwrap() is None, reason="snapshot commands run 
 # -- loading ---------------------------------------------------------------------------------
 
 def test_every_task_loads_with_its_needs() -> None:
-    tasks = {t.id: t for t in load_tasks(REPO)}
+    loaded = load_tasks(REPO)
+    tasks = {t.id: t for t in loaded}
     assert sorted(tasks) == ["T001zh_notes_digest", "T002_notes_digest", "T003_checksum_terminal",
                              "T004_judged_summary", "T005_live_search", "T006_clarify_user",
-                             "T007_video_answer", "T008_broken"]
+                             "T007_video_answer"]
     need = {i: [n.kind for n in t.claw_eval.needs] for i, t in tasks.items()}  # type: ignore[union-attr]
     assert need == {"T001zh_notes_digest": [], "T002_notes_digest": [],
                     "T003_checksum_terminal": [], "T004_judged_summary": ["judge"],
                     "T005_live_search": ["real_web"], "T006_clarify_user": ["simulated_user"],
-                    "T007_video_answer": ["fixture"], "T008_broken": ["broken"]}
+                    "T007_video_answer": ["fixture"]}
     assert tasks["T007_video_answer"].claw_eval.needs[0].detail == "fixtures/video.mp4"  # type: ignore[union-attr]
-    assert "cannot read it as YAML" in tasks["T008_broken"].claw_eval.needs[0].detail  # type: ignore[union-attr]
+    # An unreadable task.yaml is the loader's to skip, as for every format.
+    (broken,) = loaded.skipped
+    assert broken.id == "T008_broken" and broken.reason == UNREADABLE
+    assert "cannot read it as YAML" in broken.detail
     t1 = tasks["T001zh_notes_digest"]
     spec = t1.claw_eval
     assert spec is not None and spec.task_dir.endswith("T001zh_notes_digest")
@@ -75,7 +81,9 @@ def test_every_task_loads_with_its_needs() -> None:
 def test_one_task_folder_or_the_tasks_folder_loads_too(tmp_path: Path) -> None:
     (one,) = load_tasks(REPO / "tasks" / "T003_checksum_terminal")
     assert one.id == "T003_checksum_terminal" and one.format == "claw-eval"
-    assert len(load_tasks(REPO / "tasks")) == 8
+    assert len(load_tasks(REPO / "tasks")) == 7
+    with pytest.raises(TaskLoadError, match="no task could be read .*cannot read it as YAML"):
+        load_tasks(REPO / "tasks" / "T008_broken", "claw-eval")
     with pytest.raises(CheckoutError, match="not inside a Claw-Eval checkout"):
         load_tasks(tmp_path, "claw-eval")
 
@@ -91,15 +99,35 @@ def test_environment_runs_what_it_can_and_counts_the_rest(capsys: pytest.Capture
     ids = [t.id for t in ClawEnvironment(path=str(REPO)).tasks()]
     assert ids == ["T001zh_notes_digest", "T002_notes_digest", "T003_checksum_terminal"]
     err = capsys.readouterr().err
-    assert ("claw-eval: 8 tasks, 3 run here, 5 skipped: 1 unreadable task.yaml; 1 fixture "
-            "files not in the checkout; 1 need the real web") in err
-    assert "1 need the LLM judge (set judge_base_url and judge_model)" in err
+    assert "claw-eval: 8 tasks, 3 runnable, 5 skipped:" in err
+    assert f"  1 skipped: {UNREADABLE} [T008_broken (" in err
+    assert "  1 skipped: fixture files not in the checkout [T007_video_answer " \
+           "(fixtures/video.mp4)]" in err
+    assert "  1 skipped: need the real web (web_real services, SERP_DEV_KEY) [T005_live_search" in err
+    assert "  1 skipped: need a simulated user (multi-turn user_agent) [T006_clarify_user" in err
+    assert "  1 skipped: need the LLM judge (set judge_base_url and judge_model) " \
+           "[T004_judged_summary" in err
+    # A detail all tasks of a reason share is said once (the fixture checkout, twice over).
+    env = ClawEnvironment(path=str(REPO))
+    twice = load_tasks(REPO)
+    twice += [t.model_copy(update={"id": t.id + "_again"}) for t in twice]
+    report_skipped("claw-eval", [s for t in twice if (s := env.skipped(t))], 6)
+    err = capsys.readouterr().err
+    assert "claw-eval: 14 tasks, 6 runnable, 8 skipped:" in err
+    assert ("  2 skipped: need the LLM judge (set judge_base_url and judge_model): its grader "
+            "asks Claw-Eval's LLM judge [T004_judged_summary; T004_judged_summary_again]") in err
+    only = ClawEnvironment(path=str(REPO), categories=["productivity"])
+    assert [t.id for t in only.tasks()] == ["T001zh_notes_digest", "T002_notes_digest"]
     judged = ClawEnvironment(path=str(REPO), judge_base_url="http://127.0.0.1:9/v1",
                              judge_model="judge")
     assert "T004_judged_summary" in [t.id for t in judged.tasks()]
-    spec = load_tasks(REPO / "tasks" / "T005_live_search")[0].claw_eval
+    (live,) = load_tasks(REPO / "tasks" / "T005_live_search")
+    spec = live.claw_eval
     assert spec is not None and blocking_need(spec, judged=True) == "real_web"
-    assert not runnable(spec, judged=True) and set(SKIP_REASONS) >= {n.kind for n in spec.needs}
+    assert set(SKIP_REASONS) >= {n.kind for n in spec.needs}
+    why = skipped(live, judged=True)
+    assert why is not None and why.reason == SKIP_REASONS["real_web"] and "web_real" in why.detail
+    assert skipped(load_tasks(REPO / "tasks" / "T002_notes_digest")[0], judged=False) is None
 
 
 def test_a_missing_fixture_is_an_error_naming_the_file(tmp_path: Path) -> None:
@@ -355,7 +383,8 @@ def test_survey_counts_every_task_under_its_first_need() -> None:
     from openforge_claw.claweval.survey import table
 
     text = table(REPO, judged=False, names=True)
-    assert "| loaded | 8 | |" in text
+    assert "| loaded | 7 | |" in text
+    assert f"| skipped: {UNREADABLE} (task.yaml) | 1 | |" in text
     assert "| runnable here, scored by their own grader | 3 | |" in text
     assert "| skipped: need the LLM judge (set judge_base_url and judge_model) | 1 | 1 |" in text
     assert "runnable: T001zh_notes_digest T002_notes_digest T003_checksum_terminal" in text
@@ -464,21 +493,29 @@ def test_the_snapshot_does_not_follow_the_agents_symlinks(tmp_path: Path) -> Non
     assert not (outside / "target.py").exists()  # the grader file replaced the link
 
 
-def test_a_judged_task_asks_the_configured_judge(tmp_path: Path) -> None:
-    with judge_standin(score=0.9) as judge:
-        env = ClawEnvironment(path=str(REPO), judge_base_url=judge["url"], judge_model="j-1",
-                              judge_api_key_env="CLAW_TEST_JUDGE_KEY")
-        task = task_of(env, "T004_judged_summary")
-        os.environ["CLAW_TEST_JUDGE_KEY"] = "sk-judge"
-        try:
-            verdict, _ = graded(env, task, tmp_path / "ws", "Two budget notes. One offsite.")
-        finally:
-            del os.environ["CLAW_TEST_JUDGE_KEY"]
+def test_a_judged_task_asks_the_configured_judge(tmp_path: Path, judge: JudgeStandIn,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    judge.answer = json.dumps({"score": 0.9, "reasoning": "stand-in"})
+    env = ClawEnvironment(path=str(REPO), judge_base_url=judge.url, judge_model="j-1",
+                          judge_api_key_env="CLAW_TEST_JUDGE_KEY")
+    task = task_of(env, "T004_judged_summary")
+    monkeypatch.setenv("CLAW_TEST_JUDGE_KEY", "sk-judge")
+    verdict, _ = graded(env, task, tmp_path / "ws", "Two budget notes. One offsite.")
     assert (tmp_path / "ws/fixtures/brief.md").is_file()  # `environment.fixtures`
     assert verdict.passed and verdict.score == pytest.approx(0.8 * 0.9 + 0.2)
     assert verdict.details["judge_calls"] == [{"method": "evaluate", "score": 0.9}]
-    assert [r["body"]["model"] for r in judge["requests"]] == ["j-1", "j-1"]
-    assert {r["auth"] for r in judge["requests"]} == {"Bearer sk-judge"}
+    assert [r["body"]["model"] for r in judge.requests] == ["j-1", "j-1"]
+    assert {r["auth"] for r in judge.requests} == {"Bearer sk-judge"}
+
+
+def test_claw_judge_points_claw_eval_tasks_at_their_own_grader(tmp_path: Path) -> None:
+    from openforge_claw.judge import JudgeError
+    from openforge_claw.rewards import JudgeReward
+
+    env = ClawEnvironment(path=str(REPO))
+    task = task_of(env, "T002_notes_digest")
+    with pytest.raises(JudgeError, match="claw-eval task: score it with --reward claw-grader"):
+        JudgeReward(model="openai/judge").score(task, env, tmp_path, {}, None)
 
 
 def test_a_grader_that_wants_a_missing_judge_is_an_error_not_a_zero(tmp_path: Path) -> None:
@@ -486,7 +523,7 @@ def test_a_grader_that_wants_a_missing_judge_is_an_error_not_a_zero(tmp_path: Pa
     from openforge_claw.environment import to_task
 
     (ct,) = [t for t in load_tasks(REPO) if t.id == "T004_judged_summary"]
-    with pytest.raises(GradingError, match="asks the LLM judge and none is set"):
+    with pytest.raises(GraderError, match="asks the LLM judge and none is set"):
         graded(env, to_task(ct), tmp_path / "ws", "x")
 
 
@@ -511,7 +548,7 @@ def _broken_checkout(tmp_path: Path, grader: str) -> Path:
 def test_a_broken_grader_is_an_error_not_a_zero(tmp_path: Path, grader: str, message: str) -> None:
     root = _broken_checkout(tmp_path, grader)
     env = ClawEnvironment(path=str(root), grader_timeout_s=3)
-    with pytest.raises(GradingError, match=message):
+    with pytest.raises(GraderError, match=message):
         graded(env, task_of(env, "T003_checksum_terminal"), tmp_path / "ws", "3")
 
 
@@ -521,7 +558,7 @@ def test_the_score_must_agree_with_the_checkouts_own_formula(tmp_path: Path) -> 
         "def compute_task_score(scores):\n    return 0.5\n\n"
         "def is_pass(score, threshold=0.75):\n    return score >= threshold\n")
     env = ClawEnvironment(path=str(root))
-    with pytest.raises(GradingError, match="score mismatch"):
+    with pytest.raises(GraderError, match="score mismatch"):
         graded(env, task_of(env, "T003_checksum_terminal"), tmp_path / "ws", "3")
 
 

@@ -1,5 +1,5 @@
-"""The QwenClawBench loader on a small fixture folder in its format, run through the claw
-environment and the claw-grader (Claw-Eval: test_claw_eval.py)."""
+"""Format detection and bad folders (each benchmark's own loader tests: test_claw_eval.py,
+test_qwenclawbench.py)."""
 
 from __future__ import annotations
 
@@ -7,30 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from openforge_claw.environment import ClawEnvironment
-from openforge_claw.tasks import TaskLoadError, load_tasks
+from openforge_claw.tasks import TaskLoadError, detect_format, load_tasks
 
 FIXTURES = Path(__file__).parent / "fixtures"
-QWEN = FIXTURES / "qwenclawbench"
 
 
-def test_qwenclawbench_task_is_read_and_graded(tmp_path: Path) -> None:
-    (task,) = load_tasks(QWEN)
-    assert task.format == "qwenclawbench" and task.grader.score_shape == "plain"
-    assert task.judge_weights == {"automated": 0.6, "llm_judge": 0.4}
-    assert "Expected Behavior" in (task.rubric or "")
-    env = ClawEnvironment(path=str(QWEN / "tasks"))
-    (t,) = list(env.tasks())
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    env.prepare(t, ws)
-    assert (ws / "numbers.txt").read_text() == "10\n20\n30\n"
-    assert (ws / "docs/README.txt").read_text() == "shared docs\n"
-    (ws / "sum.txt").write_text("60\n")
-    assert env.check(t, ws, env.final_state(t, ws)).passed
-    (ws / "sum.txt").write_text("59\n")
-    wrong = env.check(t, ws, env.final_state(t, ws))
-    assert wrong.score == pytest.approx(0.5) and not wrong.passed  # 1 of 2 criteria
+def test_each_benchmark_checkout_is_recognised() -> None:
+    assert detect_format(FIXTURES / "claw_eval_repo") == "claw-eval"
+    assert detect_format(FIXTURES / "claw_eval_repo" / "tasks" / "T002_notes_digest") == "claw-eval"
+    assert detect_format(FIXTURES / "qwenclawbench") == "qwenclawbench"
+    assert detect_format(FIXTURES / "qwenclawbench" / "tasks") == "qwenclawbench"
+    builtin = load_tasks(Path(__file__).parents[1] / "src/openforge_claw/tasks")
+    assert {t.format for t in builtin} == {"claw"} and builtin.skipped == []
 
 
 def test_bad_folders_give_one_line_errors(tmp_path: Path) -> None:

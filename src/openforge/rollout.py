@@ -9,8 +9,9 @@ the last stdout line, prefixed `OPENFORGE_RESULT ` (the executor's fallback).
 Plugin names are looked up in the registry; a name of the form `module:attr` is imported
 directly (used by tests and benchmarks for throwaway harnesses).
 
-The reward sees the environment's final state plus `final_answer` and `harness_status`
-(the harness's own account), unless the environment already set those keys.
+The reward sees the environment's final state plus `final_answer`, `harness_status` and
+`harness_transcript` (the harness's own account), unless the environment already set
+those keys.
 
 Statuses: the harness completed -> `ok`; failed on its own -> `harness_error` (both
 scored); crashed, missing, or any setup failure -> `infra_error`; out of time -> `timeout`
@@ -154,6 +155,9 @@ def execute(spec: RolloutSpec, root: Path) -> RolloutResult:
         # Rewards that judge the answer rather than the workspace read it from here.
         final_state.setdefault("final_answer", output.final_answer)
         final_state.setdefault("harness_status", output.status)
+        # The harness's own account of the conversation (e.g. OpenClaw's session events),
+        # for rewards that grade a transcript in the harness's format.
+        final_state.setdefault("harness_transcript", output.transcript)
         stage = "scoring"
         calls = fetch_calls(spec) if reward.wants_calls else None
         verdict = reward.score(spec.task, environment, workspace, final_state, calls)

@@ -6,12 +6,20 @@ Options:
   the built-in set;
 - `format`: `auto` (default), `claw`, `claw-eval` or `qwenclawbench`;
 - `categories`: only tasks of these categories;
-- for a Claw-Eval checkout (`claweval/`): `judge_base_url`, `judge_model`,
-  `judge_api_key_env` (Claw-Eval's LLM judge, any OpenAI-compatible endpoint; without it
-  the tasks whose grader asks the judge are skipped), `python` (the interpreter of its
-  services and graders, default this one), `grader_timeout_s`, `service_env` (extra
-  variables for its services, e.g. `{ERROR_RATE: "0.25"}`: Claw-Eval's own injection of
-  429/500 answers and slow responses, for robustness runs).
+- `judge_base_url`, `judge_model`, `judge_api_key_env` (the variable that holds its key):
+  the LLM judge of the benchmarks' judged parts, any OpenAI-compatible endpoint
+  (`judge.JudgeEndpoint`; a Claw-Eval grader asks it through Claw-Eval's own `LLMJudge`);
+  without one, the tasks that need it are skipped;
+- `grader_timeout_s`: how long a benchmark task's own grader may run;
+- `scoring` (QwenClawBench): `benchmark` (default: each task scored as the benchmark
+  scores it) or `automated` (every task scored by its automated checks alone);
+- Claw-Eval only: `python` (the interpreter of its services and graders, default this
+  one), `service_env` (extra variables for its services, e.g. `{ERROR_RATE: "0.25"}`:
+  Claw-Eval's own injection of 429/500 answers and slow responses, for robustness runs).
+
+Benchmark tasks that cannot run here (an unreadable task file, no judge, the real web, ...)
+are listed on stderr with their reason and a count (`tasks.report_skipped`) and skipped;
+the others run.
 
 `prepare` copies the fixtures into the workspace and starts the task's services on free
 loopback ports; the agent finds them in `services.json` (and `.claw/<name>.url`) in the
@@ -29,23 +37,30 @@ import shutil
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from openforge.config import plugin_options
 from openforge.environment import Environment
 from openforge.errors import OpenforgeError
 from openforge.harness import McpServer
 from openforge.types import Call, RewardResult, Task
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from openforge_claw.claweval import report_skipped, runnable
-from openforge_claw.claweval.grading import JudgeConfig
 from openforge_claw.claweval.grading import grade as grade_claw_eval
 from openforge_claw.claweval.rollout import ClawEvalRollout
 from openforge_claw.claweval.rollout import mcp_servers as claw_eval_mcp_servers
+from openforge_claw.formats import claw_eval, qwenclawbench_grading
 from openforge_claw.grading import grade
+from openforge_claw.judge import JudgeEndpoint
 from openforge_claw.services import Services
-from openforge_claw.tasks import SERVICES_FILE, ClawTask, builtin_tasks, load_tasks
+from openforge_claw.tasks import (
+    SERVICES_FILE,
+    ClawTask,
+    SkippedTask,
+    builtin_tasks,
+    load_tasks,
+    report_skipped,
+)
 
 ENV_NAME = "claw"
 HIDDEN = {SERVICES_FILE, ".claw"}  # what prepare adds for the agent: not part of the answer
@@ -59,19 +74,28 @@ class ClawOptions(BaseModel):
     path: str | None = None
     format: str = "auto"
     categories: list[str] = Field(default_factory=list)
-    # Claw-Eval checkouts only:
     judge_base_url: str | None = None
     judge_model: str | None = None
     judge_api_key_env: str | None = None
-    python: str = Field(default_factory=lambda: sys.executable)
     grader_timeout_s: float = Field(default=600.0, gt=0)
+    scoring: Literal["benchmark", "automated"] = "benchmark"
+    # Claw-Eval checkouts only:
+    python: str = Field(default_factory=lambda: sys.executable)
     service_env: dict[str, str] = Field(default_factory=dict)
 
-    def judge(self) -> JudgeConfig | None:
-        if not (self.judge_base_url and self.judge_model):
+    def judge(self) -> JudgeEndpoint | None:
+        """The judge endpoint, when one is set (both `judge_base_url` and `judge_model`)."""
+        if not (self.judge_base_url or self.judge_model):
             return None
-        return JudgeConfig(base_url=self.judge_base_url, model=self.judge_model,
-                           api_key_env=self.judge_api_key_env)
+        if not (self.judge_base_url and self.judge_model):
+            raise OpenforgeError("claw environment: set both judge_base_url and judge_model "
+                                 "(the judge's OpenAI-compatible endpoint)")
+        try:
+            return JudgeEndpoint(base_url=self.judge_base_url, model=self.judge_model,
+                                 api_key_env=self.judge_api_key_env)
+        except ValidationError as exc:
+            why = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            raise OpenforgeError(f"claw environment: judge_base_url {why}") from None
 
 
 def claw_task(task: Task) -> ClawTask:
@@ -104,18 +128,36 @@ class ClawEnvironment(Environment):
         super().__init__(**options)
         self.config = plugin_options(ClawOptions, options, "claw environment")
         self.services = Services()
+        self.judge = self.config.judge()
+        self.scoring = qwenclawbench_grading.ScoringOptions(
+            judge=self.judge, scoring=self.config.scoring,
+            grader_timeout_s=self.config.grader_timeout_s)
         self.claw_eval: ClawEvalRollout | None = None
 
     def claw_tasks(self) -> list[ClawTask]:
-        tasks = (load_tasks(self.config.path, self.config.format) if self.config.path
-                 else builtin_tasks())
-        if self.config.categories:
-            tasks = [t for t in tasks if t.category in self.config.categories]
-        if any(t.claw_eval for t in tasks):  # only what runs here; the rest is counted
-            judged = self.config.judge() is not None
-            report_skipped(tasks, judged)
-            tasks = [t for t in tasks if not t.claw_eval or runnable(t.claw_eval, judged)]
+        """The tasks that run here. The others (unreadable, or needing what this run does
+        not have) are listed on stderr with their reasons and counted, never scored."""
+        loaded = (load_tasks(self.config.path, self.config.format) if self.config.path
+                  else builtin_tasks())
+        skipped = list(loaded.skipped)
+        tasks: list[ClawTask] = []
+        for task in loaded:
+            if self.config.categories and task.category not in self.config.categories:
+                continue
+            why = self.skipped(task)
+            if why is None:
+                tasks.append(task)
+            else:
+                skipped.append(why)
+        report_skipped(loaded[0].format if loaded else "claw", skipped, len(tasks))
         return tasks
+
+    def skipped(self, task: ClawTask) -> SkippedTask | None:
+        """`task` as skipped when this run cannot score it, else None."""
+        if task.claw_eval is not None:
+            return claw_eval.skipped(task, judged=self.judge is not None)
+        why = qwenclawbench_grading.unscorable(task, self.scoring)
+        return SkippedTask(id=task.id, reason=why) if why else None
 
     def tasks(self, split: str | None = None) -> Iterable[Task]:
         for ct in self.claw_tasks():
@@ -134,6 +176,8 @@ class ClawEnvironment(Environment):
             _copy_tree(root / ct.fixtures, workspace)
         for wf in ct.workspace_files:
             src = (root or Path(".")) / wf.source
+            if not src.exists():
+                raise OpenforgeError(f"task {ct.id}: data file {src} is missing")
             target = workspace / wf.dest
             target.parent.mkdir(parents=True, exist_ok=True)
             if src.is_dir():
@@ -161,7 +205,11 @@ class ClawEnvironment(Environment):
             if ct.claw_eval else []
 
     def data_paths(self, task: Task) -> list[Path]:
-        """What the reward reads outside the workspace, shown read-only to the agent.
+        """The read-only data `prepare` and the graders read outside the workspace, mapped
+        into the agent's sandbox: the task's folder; a missing one is an error naming it.
+
+        For a QwenClawBench task exactly its asset files: the rest of `assets/<id>/` may
+        hold answer keys and data generators.
 
         None for a Claw-Eval task: its reward reads the checkout (the grader, its grader-only
         files such as verify scripts with the answers, `claw_eval` itself), and showing the
@@ -171,7 +219,16 @@ class ClawEnvironment(Environment):
         ct = claw_task(task)
         if ct.claw_eval is not None:
             return []
-        return [Path(ct.root)] if ct.root else []
+        root = Path(ct.root) if ct.root else None
+        if ct.format != "qwenclawbench":
+            if root is not None and not root.is_dir():
+                raise OpenforgeError(f"task {ct.id}: its folder {root} is missing")
+            return [root] if root is not None else []
+        paths = [(root or Path(".")) / wf.source for wf in ct.workspace_files]
+        for path in paths:
+            if not path.exists():
+                raise OpenforgeError(f"task {ct.id}: data file {path} is missing")
+        return paths
 
     def final_state(self, task: Task, workspace: Path) -> dict[str, Any]:
         files: dict[str, Any] = {}
@@ -197,13 +254,17 @@ class ClawEnvironment(Environment):
 
     def score(self, task: Task, workspace: Path, final_state: dict[str, Any],
               calls: list[Call] | None) -> RewardResult:
-        """The task's verdict: a Claw-Eval task's own grader, else openforge-claw's checks."""
+        """The task's verdict, the single entry of `claw-grader`: a benchmark task's own
+        grader (Claw-Eval's `grader.py`; QwenClawBench's automated checks and judge), else
+        openforge-claw's checks."""
         ct = claw_task(task)
         if ct.claw_eval is not None:
             return grade_claw_eval(ct.claw_eval, ct.prompt, final_state, calls,
-                                   category_name=ct.category, judge=self.config.judge(),
+                                   category_name=ct.category, judge=self.judge,
                                    python=self.config.python,
                                    timeout_s=self.config.grader_timeout_s)
+        if ct.qwenclawbench is not None:
+            return qwenclawbench_grading.score(ct, workspace, final_state, calls, self.scoring)
         return grade(ct, workspace, final_state, calls)
 
     def close(self) -> None:

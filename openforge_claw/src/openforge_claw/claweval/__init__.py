@@ -14,18 +14,11 @@ holds and what of it runs here.
 
 from __future__ import annotations
 
-import sys
-from collections import Counter
-from typing import TYPE_CHECKING
-
 from openforge_claw.claweval.spec import ClawEvalTask, NeedKind
 
-if TYPE_CHECKING:
-    from openforge_claw.tasks import ClawTask
-
-# Why a task is skipped, in the words of the summary line and of docs/claw.md.
+# Why a task is skipped, in the words of the skip report and of docs/claw.md (a task whose
+# task.yaml cannot be read is the loader's: `tasks.UNREADABLE`).
 SKIP_REASONS: dict[NeedKind, str] = {
-    "broken": "unreadable task.yaml",
     "fixture": "fixture files not in the checkout",
     "real_web": "need the real web (web_real services, SERP_DEV_KEY)",
     "simulated_user": "need a simulated user (multi-turn user_agent)",
@@ -39,19 +32,3 @@ def blocking_need(spec: ClawEvalTask, judged: bool) -> NeedKind | None:
         if spec.need(kind) and not (kind == "judge" and judged):
             return kind
     return None
-
-
-def runnable(spec: ClawEvalTask, judged: bool) -> bool:
-    return blocking_need(spec, judged) is None
-
-
-def report_skipped(tasks: list[ClawTask], judged: bool) -> Counter[str]:
-    """Print (stderr) how many Claw-Eval tasks run and why the others are skipped."""
-    specs = [t.claw_eval for t in tasks if t.claw_eval is not None]
-    found = Counter(k for s in specs if (k := blocking_need(s, judged)))
-    reasons: Counter[str] = Counter({k: found[k] for k in SKIP_REASONS if found[k]})
-    if reasons:
-        why = "; ".join(f"{n} {SKIP_REASONS[k]}" for k, n in reasons.items())  # type: ignore[index]
-        print(f"claw-eval: {len(specs)} tasks, {len(specs) - sum(reasons.values())} run here, "
-              f"{sum(reasons.values())} skipped: {why}", file=sys.stderr)
-    return reasons

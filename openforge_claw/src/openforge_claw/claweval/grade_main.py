@@ -1,12 +1,13 @@
 """Score one rollout with a Claw-Eval task's own grader, inside the checkout's Python world.
 
-    python -m openforge_claw.claweval.grade_main JOB.json
+    python -m openforge_claw.claweval.grade_main    (the job on stdin: `grader_process`)
 
 Run by `grading.py` in a subprocess whose `sys.path` starts with the checkout's `src`, so
 `import claw_eval` is the checkout's package and nothing of it is loaded into openforge's
-own process. JOB.json names the task (`task_yaml`, `task_dir`), the trace file (Claw-Eval's
-JSONL events: messages, tool dispatches, audit snapshots), the `env_snapshot`, the judge
-(`{base_url, model, api_key_env}` or null) and where to write the result.
+own process. The job names the task (`task_yaml`, `task_dir`), the trace file (Claw-Eval's
+JSONL events: messages, tool dispatches, audit snapshots), the `env_snapshot` and the
+judge (`{base_url, model, api_key_env}` or null). The result is `{"ok": true, ...scores}`,
+`{"ok": false, "judge_required": true}` or `{"ok": false, "error": ...}`.
 
 As Claw-Eval does it:
 
@@ -29,12 +30,12 @@ import importlib.util
 import inspect
 import json
 import os
-import sys
 import traceback
 from pathlib import Path
 from typing import Any
 
-JUDGE_REQUIRED_EXIT = 3
+from openforge_claw.grader_process import serve
+
 _PASS_THRESHOLD = 0.75
 
 
@@ -133,21 +134,16 @@ def grade(job: dict[str, Any]) -> dict[str, Any]:
             "task_score": score, "passed": passed, "judge_calls": calls}
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    job = json.loads(Path(args[0]).read_text())
-    out = Path(job["result"])
+def main(job: dict[str, Any]) -> dict[str, Any]:
+    """The grading's result, whatever happens (a traceback goes to stderr)."""
     try:
-        result = {"ok": True, **grade(job)}
-        code = 0
+        return {"ok": True, **grade(job)}
     except JudgeRequired as exc:
-        result, code = {"ok": False, "judge_required": True, "error": str(exc)}, JUDGE_REQUIRED_EXIT
+        return {"ok": False, "judge_required": True, "error": str(exc)}
     except Exception as exc:
         traceback.print_exc()
-        result, code = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, 1
-    out.write_text(json.dumps(result, ensure_ascii=False, default=str))
-    return code
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    serve(main)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 # snapshot commands and verify scripts name paths under it.
 CONTAINER_WORKSPACE = "/workspace"
 
-NeedKind = Literal["broken", "fixture", "real_web", "simulated_user", "judge"]
+NeedKind = Literal["fixture", "real_web", "simulated_user", "judge"]
 
 
 class Need(BaseModel):
@@ -34,11 +34,10 @@ class Need(BaseModel):
       (`user_agent.enabled`); openforge's harnesses take one prompt;
     - `judge`: the task's grader asks Claw-Eval's LLM judge (run with a judge endpoint);
     - `fixture`: a file the task names is not in the checkout (Claw-Eval ships its videos
-      and some large PDFs on Hugging Face, not on GitHub);
-    - `broken`: the task's `task.yaml` cannot be read (the detail says why).
+      and some large PDFs on Hugging Face, not on GitHub).
 
-    A task is reported under its first need in this order: broken, fixture, real_web,
-    simulated_user, judge.
+    A task is reported under its first need in this order: fixture, real_web,
+    simulated_user, judge (`claweval.SKIP_REASONS`).
     """
 
     kind: NeedKind

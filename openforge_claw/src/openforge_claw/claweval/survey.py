@@ -2,8 +2,9 @@
 
     python -m openforge_claw.claweval.survey PATH [--judge] [--list]
 
-Counts every task of the checkout: loaded, runnable (scored by its own grader), and the
-skipped ones under the first need this run cannot meet (see `SKIP_REASONS`); `--judge`
+Counts every task of the checkout: loaded, runnable (scored by its own grader), the
+skipped ones under the first need this run cannot meet (see `SKIP_REASONS`), and the
+task folders whose `task.yaml` cannot be read; `--judge`
 counts as if a judge endpoint were set; `--list` names the tasks of each row.
 """
 
@@ -17,19 +18,22 @@ from pathlib import Path
 from openforge_claw.claweval import SKIP_REASONS, blocking_need
 from openforge_claw.claweval.checkout import commit, find_root
 from openforge_claw.formats.claw_eval import load_claw_eval
+from openforge_claw.tasks import UNREADABLE
 
 
 def survey(path: Path, judged: bool) -> tuple[dict[str, list[str]], Counter[str]]:
     """({row: task ids}, {need: tasks that have it at all}) for a checkout."""
     rows: dict[str, list[str]] = defaultdict(list)
     every: Counter[str] = Counter()
-    for task in load_claw_eval(path):
+    loaded = load_claw_eval(path)
+    for task in loaded:
         spec = task.claw_eval
         assert spec is not None
         rows["loaded"].append(task.id)
         every.update({n.kind for n in spec.needs})
         need = blocking_need(spec, judged)
         rows[need or "runnable"].append(task.id)
+    rows["unreadable"] = [s.id for s in loaded.skipped]
     return rows, every
 
 
@@ -45,6 +49,7 @@ def table(path: Path, judged: bool, names: bool = False) -> str:
         if kind == "judge" and judged:
             continue
         lines.append(f"| skipped: {reason} | {len(rows[kind])} | {every[kind]} |")
+    lines.append(f"| skipped: {UNREADABLE} (task.yaml) | {len(rows['unreadable'])} | |")
     if names:
         for row, ids in rows.items():
             if row != "loaded" and ids:

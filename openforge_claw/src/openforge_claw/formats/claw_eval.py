@@ -14,8 +14,8 @@ What changes on the way, and why:
 - a short note listing the task's tools and how to call them is appended to the prompt
   (Claw-Eval's runner puts the same list in its system prompt, which a harness owns);
 - a task that cannot run here is loaded with its `needs` (real web, simulated user, LLM
-  judge, missing fixture files, unreadable `task.yaml`) and skipped by the environment
-  with a count, never scored.
+  judge, missing fixture files) and skipped by the environment with a count, never
+  scored; one whose `task.yaml` cannot be read is listed in the loader's `skipped`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from openforge_claw.claweval import checkout
+from openforge_claw.claweval import SKIP_REASONS, blocking_need, checkout
 from openforge_claw.claweval.spec import (
     CONTAINER_WORKSPACE,
     ClawEvalTask,
@@ -35,7 +35,15 @@ from openforge_claw.claweval.spec import (
     ToolEndpoint,
     ToolSpec,
 )
-from openforge_claw.tasks import TASK_FILE, ClawTask, TaskLoadError, read_yaml
+from openforge_claw.tasks import (
+    TASK_FILE,
+    UNREADABLE,
+    ClawTask,
+    SkippedTask,
+    TaskList,
+    TaskLoadError,
+    read_yaml,
+)
 
 # Services that reach the live web (web search through a SERP API key, page fetches).
 REAL_WEB_SERVICES = re.compile(r"mock_services/web_real")
@@ -105,8 +113,19 @@ def _spec(data: dict[str, Any], root: Path, task_dir: Path) -> ClawEvalTask:
         max_turns=int(env.get("max_turns", 20)))
 
 
+def skipped(task: ClawTask, judged: bool) -> SkippedTask | None:
+    """The task as skipped, when it has a need this run cannot meet (`judged`: a judge is
+    set); None when it runs."""
+    spec = task.claw_eval
+    kind = blocking_need(spec, judged) if spec is not None else None
+    if spec is None or kind is None:
+        return None
+    need = spec.need(kind)
+    return SkippedTask(id=task.id, reason=SKIP_REASONS[kind], detail=need.detail if need else "")
+
+
 def load_task(task_dir: Path, root: Path | None = None) -> ClawTask:
-    """One task folder. An unreadable `task.yaml` gives a task whose need is `broken`."""
+    """One task folder; raises TaskLoadError when its `task.yaml` cannot be read."""
     task_dir = task_dir.resolve()
     root = root or checkout.find_root(task_dir)
     try:
@@ -117,12 +136,9 @@ def load_task(task_dir: Path, root: Path | None = None) -> ClawTask:
         if not text:
             raise TaskLoadError(f"{task_dir / TASK_FILE}: no prompt.text")
         spec = _spec(data, root, task_dir)
-    except (TaskLoadError, ValidationError, ValueError, TypeError, AttributeError) as exc:
+    except (ValidationError, ValueError, TypeError, AttributeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return ClawTask(id=task_dir.name, prompt="", format="claw-eval", root=str(task_dir),
-                        claw_eval=ClawEvalTask(repo=str(root), task_dir=str(task_dir),
-                                               task_id=task_dir.name,
-                                               needs=[Need(kind="broken", detail=reason)]))
+        raise TaskLoadError(f"{task_dir / TASK_FILE}: {reason}") from None
     spec.needs = _needs(data, spec, root, task_dir)
     timeout = (data.get("environment") or {}).get("timeout_seconds")
     return ClawTask(
@@ -132,12 +148,24 @@ def load_task(task_dir: Path, root: Path | None = None) -> ClawTask:
         format="claw-eval", root=str(task_dir), claw_eval=spec)
 
 
-def load_claw_eval(path: Path) -> list[ClawTask]:
-    """Every task of a checkout, of its `tasks/` folder, or one task's folder."""
+def load_claw_eval(path: Path) -> TaskList:
+    """Every task of a checkout, of its `tasks/` folder, or one task's folder. A task whose
+    `task.yaml` cannot be read is listed in the result's `skipped`; the others load."""
     root = checkout.find_root(path)
     if (path / TASK_FILE).is_file():
-        return [load_task(path, root)]
-    dirs = sorted(d for d in (root / "tasks").iterdir() if (d / TASK_FILE).is_file())
+        dirs = [path]
+    else:
+        dirs = sorted(d for d in (root / "tasks").iterdir() if (d / TASK_FILE).is_file())
     if not dirs:
         raise TaskLoadError(f"{root / 'tasks'}: no Claw-Eval task folders (tasks/<id>/task.yaml)")
-    return [load_task(d, root) for d in dirs]
+    loaded = TaskList()
+    for task_dir in dirs:
+        try:
+            loaded.append(load_task(task_dir, root))
+        except TaskLoadError as exc:
+            loaded.skipped.append(SkippedTask(id=task_dir.name, reason=UNREADABLE,
+                                              detail=str(exc)))
+    if not loaded:
+        reasons = "; ".join(s.detail for s in loaded.skipped[:3])
+        raise TaskLoadError(f"{path}: no task could be read ({reasons})")
+    return loaded

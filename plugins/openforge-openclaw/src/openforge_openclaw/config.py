@@ -82,6 +82,11 @@ def config_path(ctx: HarnessContext) -> Path:
     return ctx.home / ".openclaw" / CONFIG_FILE
 
 
+def state_path(ctx: HarnessContext) -> Path:
+    """OpenClaw's state directory for the run (`--state-dir`): sessions, caches, databases."""
+    return ctx.home / ".openclaw" / "state"
+
+
 def prompt_path(ctx: HarnessContext) -> Path:
     return ctx.home / ".openclaw" / "task.md"
 
