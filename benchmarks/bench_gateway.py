@@ -138,8 +138,9 @@ def start_standin(latency_s: float) -> tuple[subprocess.Popen[bytes], str]:
 def start_gateway(store: Path, engine_args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     p = subprocess.Popen([sys.executable, "-m", "openforge.gateway.server", "--store", str(store),
-                          "--model", "tiny", "--port", str(port), "--admin-key", ADMIN_KEY,
-                          *engine_args], stdout=subprocess.DEVNULL)
+                          "--model", "tiny", "--port", str(port), *engine_args],
+                         stdout=subprocess.DEVNULL,
+                         env={**os.environ, "OPENFORGE_ADMIN_KEY": ADMIN_KEY})  # never on argv
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/admin/health", p, {"Authorization": f"Bearer {ADMIN_KEY}"})
     return p, url

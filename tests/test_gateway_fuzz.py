@@ -96,7 +96,7 @@ def requests(draw: st.DrawFn) -> tuple[str, str, dict[str, str], bytes]:
     """(method, path, headers, body) over every route, with good and bad credentials."""
     # Mostly the valid token, so that most bodies get past auth into the parsers.
     token = draw(st.sampled_from(["{token}"] * 8 + ["{other}", "nope", "%00", "a" * 300]))
-    kind = draw(st.sampled_from(["model", "model", "model", "v1", "models", "result",
+    kind = draw(st.sampled_from(["model", "model", "model", "v1", "models", "scoring",
                                  "admin_post", "admin_get", "random"]))
     route = draw(st.sampled_from(list(VALID)))
     if kind == "model":
@@ -107,8 +107,8 @@ def requests(draw: st.DrawFn) -> tuple[str, str, dict[str, str], bytes]:
         method = draw(st.sampled_from(["GET", "POST"]))
         path = draw(st.sampled_from([f"/s/{token}/v1/models", "/v1/models",
                                      f"/s/{token}/v1/models/policy", "/v1/models/x/y"]))
-    elif kind == "result":
-        method, path = "POST", f"/s/{token}/result"
+    elif kind == "scoring":
+        method, path = "GET", "/scoring/sessions/{sid}/calls"
     elif kind == "admin_post":
         method, path = "POST", draw(st.sampled_from(ADMIN_POSTS))
     elif kind == "admin_get":

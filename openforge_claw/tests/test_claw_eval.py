@@ -25,11 +25,11 @@ from conftest import JudgeStandIn
 from openforge.gateway.dialects import DIALECTS  # noqa: F401 (the trace module's parser)
 from openforge.types import Call
 
+from openforge_claw.check_sandbox import usable_bwrap
 from openforge_claw.claweval import SKIP_REASONS, blocking_need
 from openforge_claw.claweval.bridge import TOOLS_FILE
 from openforge_claw.claweval.checkout import CheckoutError, grader_uses_judge
 from openforge_claw.claweval.services import ClawEvalService, ServiceStartError, moved
-from openforge_claw.claweval.snapshot import bwrap
 from openforge_claw.claweval.spec import ServiceDef, ToolEndpoint, ToolSpec
 from openforge_claw.claweval.toolproxy import ToolProxy
 from openforge_claw.claweval.trace import harness_dispatches, messages, task_tool_name
@@ -39,7 +39,7 @@ from openforge_claw.grader_process import GraderError
 from openforge_claw.tasks import UNREADABLE, TaskLoadError, load_tasks, report_skipped
 
 pytest.importorskip("fastapi", reason="pip install './openforge_claw[claw-eval]' (nox -s claw does)")
-needs_bwrap = pytest.mark.skipif(bwrap() is None, reason="snapshot commands run under "
+needs_bwrap = pytest.mark.skipif(usable_bwrap() is None and usable_bwrap(False) is None, reason="snapshot commands run under "
                                  "bubblewrap: apt-get install bubblewrap (CI installs it)")
 
 
@@ -473,6 +473,36 @@ def test_the_env_snapshot_is_taken_at_workspace(tmp_path: Path) -> None:
     wrong, _ = graded(env, task, tmp_path / "wrong", "4",
                       lambda ws: (ws / "answer.txt").write_text("4\n"))
     assert not wrong.passed and wrong.details["completion"] == 0.25  # only cwd == /workspace
+
+
+@needs_bwrap
+def test_snapshot_commands_get_no_more_reach_than_the_agent(tmp_path: Path) -> None:
+    """They run the agent's files on the trusted side, after the agent: openforge's
+    allowlisted view (never the real HOME), no network, no capabilities (as root, with
+    CAP_SYS_ADMIN a command could remount a read-only folder read-write)."""
+    from openforge_claw.claweval.snapshot import run_command
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    home = Path.home()
+    marker = home / f".openforge-snapshot-probe-{os.getpid()}"
+    marker.write_text("host secret")
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    probe = (f"cat {marker} || echo NO_HOME; grep CapEff /proc/self/status; "
+             f"python -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 5)\" "
+             "&& echo NET || echo NO_NET; mount -o remount,rw /usr 2>/dev/null && echo RW || "
+             "echo RO; echo ok > /workspace/written")
+    try:
+        out = run_command(ws, probe, 60, sys.executable)
+    finally:
+        marker.unlink()
+        listener.close()
+    lines = out["stdout"].split()
+    assert "NO_HOME" in lines and "host secret" not in out["stdout"], out
+    assert "NO_NET" in lines and "RO" in lines, out
+    assert "0000000000000000" in lines, out  # CapEff: no capability at all
+    assert (ws / "written").read_text() == "ok\n"  # the workspace is its /workspace
 
 
 @needs_bwrap

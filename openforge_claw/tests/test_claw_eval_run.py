@@ -15,6 +15,7 @@ import yaml
 from claw_eval_helpers import REPO
 from openforge.config import EngineConfig, RunConfig, SamplingParams
 from openforge.runner import read_results, run_from_config
+from openforge.sandbox.modes import bwrap_path, bwrap_works, namespaces_available
 
 from openforge_claw.claweval.scripts import load_source, render
 
@@ -32,14 +33,15 @@ def write_script(tmp: Path, harness: str, kind: str) -> Path:
     return path
 
 
-def _run(tmp: Path, kind: str, k: int = 1):  # type: ignore[no-untyped-def]
+def _run(tmp: Path, kind: str, k: int = 1, sandbox: str = "auto"):  # type: ignore[no-untyped-def]
     config = RunConfig(harness="mini", harness_options={"max_steps": 6}, environment="claw",
                        environment_options={"path": str(REPO)}, reward="claw-grader",
+                       executor_options={"sandbox": sandbox},
                        tasks=TASKS, k=k, concurrency=3, timeout_s=180,
                        sampling=SamplingParams(max_tokens=1024),
                        engine=EngineConfig(name="scripted",
                                            options={"script": str(write_script(tmp, "mini", kind))}),
-                       runs_dir=tmp / kind)
+                       runs_dir=tmp / f"{kind}-{sandbox}")
     result = run_from_config(config)
     return result, read_results(result.run_dir)
 
@@ -67,3 +69,26 @@ def test_right_wrong_and_idle_policies(tmp_path: Path) -> None:
     leftover = [p for p in psutil.Process().children(recursive=True)
                 if p.status() != psutil.STATUS_ZOMBIE]
     assert not leftover, [p.cmdline() for p in leftover]
+
+
+def _isolating_modes() -> list[object]:
+    bwrap = bwrap_path()
+    return [pytest.param("bwrap", id="bwrap", marks=pytest.mark.skipif(
+                bwrap is None or not bwrap_works(bwrap),
+                reason="bubblewrap is not installed or cannot run here (CI installs it)")),
+            pytest.param("namespaces", id="namespaces", marks=pytest.mark.skipif(
+                not namespaces_available(),
+                reason="this kernel does not allow unprivileged user, mount and PID namespaces"))]
+
+
+@pytest.mark.parametrize("sandbox", _isolating_modes())
+def test_services_and_tools_reach_the_agent_in_each_isolating_mode(tmp_path: Path,
+                                                                   sandbox: str) -> None:
+    """The task's services and tool proxy run on the trusted side (the supervisor's
+    children); the agent's `claw-tool` in the sandbox reaches them over loopback, its
+    dispatches land in the proxy, and the grader (trusted side, after the agent) scores."""
+    _, records = _run(tmp_path, "right", sandbox=sandbox)
+    assert all(r.status == "ok" and r.passed for r in records), [
+        (r.task_id, r.status, r.error, r.reward_details) for r in records if not r.passed]
+    notes = next(r for r in records if r.task_id == "T002_notes_digest").reward_details
+    assert "notes_create" in notes["tools_called"], notes

@@ -16,6 +16,7 @@ from conftest import JudgeStandIn
 from openforge.errors import OpenforgeError
 from openforge.types import Call, Task
 
+from openforge_claw import check_sandbox
 from openforge_claw.environment import ClawEnvironment
 from openforge_claw.formats import openclaw_events
 from openforge_claw.formats import qwenclawbench_grading as qg
@@ -252,8 +253,8 @@ def test_a_bubblewrap_that_cannot_sandbox_here_falls_back_to_a_process(
     fake = tmp_path / "bwrap"
     fake.write_text("#!/bin/sh\necho 'bwrap: Cannot mount proc' >&2\nexit 1\n")
     fake.chmod(0o755)
-    monkeypatch.setattr(qg, "bwrap_path", lambda: str(fake))
-    qg.usable_bwrap.cache_clear()
+    monkeypatch.setattr(check_sandbox, "bwrap_path", lambda: str(fake))
+    check_sandbox.usable_bwrap.cache_clear()
     try:
         assert qg.usable_bwrap() is None
         ws = tmp_path / "ws"
@@ -261,7 +262,7 @@ def test_a_bubblewrap_that_cannot_sandbox_here_falls_back_to_a_process(
         assert qg.run_grader("def grade(t, w):\n    return {'ok': 1}\n", [], ws, 60) == {
             "ok": True, "scores": {"ok": 1}}
     finally:
-        qg.usable_bwrap.cache_clear()
+        check_sandbox.usable_bwrap.cache_clear()
 
 
 def test_a_grader_that_cannot_run_here_is_an_infra_error(tmp_path: Path) -> None:

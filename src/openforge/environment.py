@@ -28,7 +28,25 @@ class Environment(ABC):
 
     def mcp_servers(self, task: Task, workspace: Path) -> list[McpServer]:
         """The MCP servers that offer `task`'s own tools to the agent, after `prepare`
-        (default: none). Harnesses that take MCP servers write them into their config."""
+        (default: none). Harnesses that take MCP servers write them into their config.
+
+        A server is a program the harness starts, so it runs inside the agent's sandbox
+        with the agent's rights: it may only forward calls to something `prepare` started
+        on the trusted side (which records them); never trust what it reports."""
+        return []
+
+    def data_paths(self, task: Task) -> list[Path]:
+        """Files and folders outside the workspace that `task` reads and the agent may see:
+        its reference data, inputs the agent works from, files the reward compares with.
+
+        The agent sees them read-only (the isolating sandbox modes map them read-only;
+        without isolation the supervisor hashes them before the agent starts and checks them
+        before scoring: a change makes the attempt a `violation`, and the runner scores no
+        later attempt against the changed data). Do not list what the agent must not read
+        (a grader's expected answers): leave it out, and no sandbox maps it; the reward
+        still reads it, on the trusted side. Anything the agent may change belongs in the
+        workspace. Default: none.
+        """
         return []
 
     def final_state(self, task: Task, workspace: Path) -> dict[str, Any]:

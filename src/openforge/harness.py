@@ -25,6 +25,8 @@ class McpServer(BaseModel):
 
     An environment names them (`Environment.mcp_servers`); each harness that takes MCP
     servers writes them into its own config, so the agent sees the tools as native tools.
+    The harness starts them, inside the agent's sandbox: the program must be on a path the
+    sandbox maps (openforge's Python, the harness's `program_paths`, the task's `data_paths`).
     """
 
     name: str
@@ -38,8 +40,10 @@ class HarnessContext(BaseModel):
 
     `home` is an isolated HOME created for this rollout (the harness writes its config
     there, never into the user's real HOME); `workspace` is the task's working directory;
-    `base_url` is the session URL ending in `/v1` and `api_key` the session token;
-    `mcp_servers` the task's tool servers, for harnesses that take MCP servers.
+    `base_url` is the session URL ending in `/v1` and `api_key` the session token (good for
+    model calls in this session only). Both must reach the program through `Command.env` or
+    a file under `home`, never through its argv. `mcp_servers` are the task's tool servers,
+    for harnesses that take MCP servers.
     """
 
     task: Task
@@ -109,7 +113,21 @@ class Harness(ABC):
         return {}
 
     def prepare(self, ctx: HarnessContext) -> None:
-        """Write the harness's configuration into `ctx.home` (default: nothing to write)."""
+        """Write the harness's configuration into `ctx.home` (default: nothing to write).
+
+        The session's base URL and token go into files under `ctx.home` or into
+        `Command.env`, never into `Command.argv`: a command line is readable by every
+        process on the machine (`ps`).
+        """
+
+    def program_paths(self) -> list[Path]:
+        """Files and folders the harness's program needs besides the system directories and
+        the Python that runs openforge (an npm package, a Node, a binary), e.g. its folder
+        in the openforge cache. The isolating sandboxes map exactly these read-only (and
+        nothing else of the user's HOME). Called in the supervisor, after `check()`.
+        Default: none.
+        """
+        return []
 
     @abstractmethod
     def command(self, ctx: HarnessContext) -> Command:

@@ -23,16 +23,16 @@ the others run.
 
 `prepare` copies the fixtures into the workspace and starts the task's services on free
 loopback ports; the agent finds them in `services.json` (and `.claw/<name>.url`) in the
-workspace and in the environment variables `CLAW_<NAME>_URL`, which the harness process
-inherits. `final_state` captures the workspace files and every service's state and audit
-log; `close` stops the services (they are threads and child processes of the rollout
-process, so they also die with it).
+workspace (the harness's environment is an allowlist: docs/sandboxing.md). These run in the
+trusted rollout supervisor, outside the agent's sandbox, which reaches them over loopback
+in every sandbox mode. `final_state` captures the workspace files and every service's
+state and audit log; `close` stops the services (they are threads and child processes of
+the supervisor, so they also die with it).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from collections.abc import Iterable
@@ -196,8 +196,6 @@ class ClawEnvironment(Environment):
         hints.mkdir(exist_ok=True)
         for name, url in urls.items():
             (hints / f"{name}.url").write_text(url)
-            # The harness process inherits the rollout's environment.
-            os.environ[f"CLAW_{name.upper().replace('-', '_')}_URL"] = url
 
     def mcp_servers(self, task: Task, workspace: Path) -> list[McpServer]:
         ct = claw_task(task)

@@ -74,6 +74,23 @@ def run(module: str, job: dict[str, Any], *, cwd: Path, env: dict[str, str], tim
     return Outcome(None, timed_out, proc.returncode, output)
 
 
+def run_verified(module: str, job: dict[str, Any], *, cwd: Path, timeout_s: float,
+                 python: str = sys.executable) -> Outcome:
+    """`python -m module` on `job` through `openforge.sandbox.verifier.run`: in a fresh
+    sandbox of the running attempt (a plain process outside a rollout supervisor)."""
+    from openforge.sandbox import verifier
+
+    nonce = secrets.token_hex(16)
+    done = verifier.run([python, "-m", module], cwd=cwd, timeout_s=timeout_s,
+                        stdin=json.dumps({**job, "nonce": nonce}, ensure_ascii=False))
+    output = (done.stderr or done.stdout).strip()[-_OUTPUT_TAIL:]
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(nonce + " "):
+            return Outcome(dict(json.loads(line[len(nonce) + 1:])), False, done.returncode,
+                           output)
+    return Outcome(None, done.timed_out, done.returncode, output)
+
+
 def serve(grade: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     """The grader process's main: the job from stdin, `grade(job)`'s result to stdout."""
     job = json.loads(sys.stdin.read())

@@ -6,6 +6,10 @@ land here too) and under `/v1/` (the token as API key only). The token is also a
 API key (`Authorization: Bearer` or `x-api-key`); when both the path and a key carry one,
 they must agree. Every rejection of a token is the same 401, whether the token does not
 exist, is closed, or belongs to another session: nothing leaks about other sessions.
+A session token is good for model calls only: no route takes a result or a reward from it.
+The trusted side reads a session's calls at `/scoring/sessions/{id}/calls`, and closes the
+session once its agent has ended (`/scoring/sessions/{id}/seal`), with the session's scoring
+credential (returned when the session is opened, never given to the agent).
 
 Model names: any name is accepted on generation routes (harnesses hard-code model names;
 the gateway serves the one policy whatever they ask for). `GET /v1/models` lists the served
@@ -66,8 +70,8 @@ from openforge.gateway.images import (
 )
 from openforge.gateway.render import ModelBundle, RenderedPrompt, SessionTokens
 from openforge.gateway.sessions import LiveSession, SessionRegistry
-from openforge.store import Store, ids_to_blob
-from openforge.types import Call, RolloutResult, SamplingParams
+from openforge.store import Store, ids_to_blob, secret_hash
+from openforge.types import Call, SamplingParams, Session
 
 log = logging.getLogger("openforge.gateway")
 
@@ -312,34 +316,43 @@ def _model_card(state: GatewayState) -> dict[str, Any]:
             "type": "model", "display_name": name}
 
 
-async def post_result(request: Request) -> Response:
-    """The sandbox reports its `RolloutResult` for the session its token belongs to."""
-    state: GatewayState = request.app.state.gateway
-    live = _session_for(request, state)
-    if live is None:
-        return _plain_error(401, _UNAUTHORIZED, "authentication_error")
-    try:
-        body = await _read_body(request, state.config.max_body_bytes)
-        result = RolloutResult.model_validate_json(body)
-    except BodyTooLarge:
-        return _plain_error(413, _too_large(state.config.max_body_bytes), "request_too_large")
-    except ClientDisconnect:
-        return Response(status_code=400)
-    except ValidationError as exc:
-        return _plain_error(422, f"not a valid RolloutResult: {_first_error(exc)}")
-    state.store.save_result(live.session.id, result)
-    return _json(200, {"ok": True, "session_id": live.session.id})
+def _scored_session(request: Request, state: GatewayState) -> Session | None:
+    """The session the request's scoring credential belongs to, or None (any wrong key)."""
+    session = state.store.get_session(request.path_params["session_id"])
+    key = _api_key(request) or ""
+    if session is None or not session.scoring_hash or not hmac.compare_digest(
+            secret_hash(key).encode(), session.scoring_hash.encode()):
+        return None
+    return session
 
 
-async def get_own_calls(request: Request) -> Response:
-    """The calls recorded so far for the session the token belongs to (and no other): what a
-    reward that reads the trajectory sees from inside the sandbox."""
+_SCORING_ONLY = ("scoring routes need 'Authorization: Bearer <the session's scoring "
+                 "credential>'")
+
+
+async def scoring_calls(request: Request) -> Response:
+    """`GET /scoring/sessions/{id}/calls`: a session's recorded calls, for the trusted side that
+    scores it (rewards that read the trajectory). Authenticated with the session's scoring
+    credential, which only the rollout supervisor holds; a session token, which the agent
+    holds, is refused like any wrong key (the same 401 whatever was wrong)."""
     state: GatewayState = request.app.state.gateway
-    live = _session_for(request, state)
-    if live is None:
-        return _plain_error(401, _UNAUTHORIZED, "authentication_error")
-    calls = state.store.list_calls(live.session.id)
+    session = _scored_session(request, state)
+    if session is None:
+        return _plain_error(401, _SCORING_ONLY, "authentication_error")
+    calls = state.store.list_calls(session.id)
     return _json(200, {"calls": [c.model_dump(mode="json") for c in calls]})
+
+
+async def scoring_seal(request: Request) -> Response:
+    """`POST /scoring/sessions/{id}/seal`: the supervisor closes its session as soon as the
+    agent has ended, so nothing that runs while it scores (a checker running the agent's
+    code) can add a model call to the trajectory. Same authentication as the calls route."""
+    state: GatewayState = request.app.state.gateway
+    session = _scored_session(request, state)
+    if session is None:
+        return _plain_error(401, _SCORING_ONLY, "authentication_error")
+    state.sessions.close(session.id)
+    return _json(200, {"sealed": True})
 
 
 def _resolve_images(state: GatewayState, chat: ChatRequest) -> list[ImageRef]:
@@ -656,6 +669,7 @@ async def admin_open_session(request: Request, state: GatewayState) -> Response:
                                   task_id=body.task_id, sampling=body.sampling,
                                   metadata=body.metadata, weight_version=body.weight_version)
     return _json(200, {"id": session.id, "token": session.token,
+                       "scoring_token": session.scoring_token,
                        "base_url": state.session_url(session.token)})
 
 
@@ -744,8 +758,8 @@ def create_app(state: GatewayState) -> Starlette:
     routes = [
         *_model_routes("/s/{token}/v1"),
         *_model_routes("/v1"),
-        Route("/s/{token}/result", post_result, methods=["POST"]),
-        Route("/s/{token}/calls", get_own_calls, methods=["GET"]),
+        Route("/scoring/sessions/{session_id}/calls", scoring_calls, methods=["GET"]),
+        Route("/scoring/sessions/{session_id}/seal", scoring_seal, methods=["POST"]),
         Route("/admin/sessions", _admin(admin_open_session), methods=["POST"]),
         Route("/admin/sessions", _admin(admin_list_sessions), methods=["GET"]),
         Route("/admin/sessions/{session_id}/close", _admin(admin_close_session), methods=["POST"]),

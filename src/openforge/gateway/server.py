@@ -12,6 +12,8 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
+import secrets
 import signal
 import socket
 import sys
@@ -29,6 +31,7 @@ from openforge.gateway.app import GatewayState, create_app
 from openforge.gateway.engines.base import Engine
 from openforge.gateway.images import ImagePolicy
 from openforge.gateway.render import ModelBundle, load_model_bundle
+from openforge.sandbox.protocol import ADMIN_KEY_ENV
 from openforge.store import Store
 from openforge.types import SamplingParams, Session
 
@@ -170,14 +173,15 @@ class Gateway:
         await self.stop()
 
 
-def _banner(gateway: Gateway, engine_config: EngineConfig) -> str:
-    url, key = gateway.url, gateway.admin_key
+def _banner(gateway: Gateway, engine_config: EngineConfig, key_source: str) -> str:
+    url = gateway.url
     return "\n".join([
         f"openforge gateway on {url}  (engine {engine_config.name}, model "
         f"'{gateway.config.served_model_name}', store {gateway.store.path})",
-        f"admin key: {key}",
-        "open a session:",
-        f"  curl -s -X POST -H 'Authorization: Bearer {key}' {url}/admin/sessions",
+        f"admin key: {key_source}",
+        "open a session (printf is a shell builtin: the key stays off every command line):",
+        f"  curl -s -X POST -H @<(printf 'Authorization: Bearer %s' \"$OPENFORGE_ADMIN_KEY\") "
+        f"{url}/admin/sessions",
         "then point a harness at it with the session token:",
         f"  OpenAI SDKs, Codex:  base_url={url}/s/TOKEN/v1  api_key=TOKEN",
         f"  Claude Code:         ANTHROPIC_BASE_URL={url}/s/TOKEN  ANTHROPIC_API_KEY=TOKEN",
@@ -194,8 +198,37 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop  # type: ignore[no-any-return]
 
 
+def admin_key(config: RunConfig, store_path: Path) -> tuple[RunConfig, str]:
+    """The admin key `openforge serve` uses, and a line saying where it comes from.
+
+    From `$OPENFORGE_ADMIN_KEY`, else `gateway.admin_key` in a config file, else a new random
+    key written to `<store>.admin-key` (mode 0600). Never from, nor printed into, a command
+    line: every process on the machine can read those (`ps`).
+    """
+    key = os.environ.get(ADMIN_KEY_ENV) or config.gateway.admin_key
+    where = f"from ${ADMIN_KEY_ENV}" if os.environ.get(ADMIN_KEY_ENV) else "from the config file"
+    if not key:
+        key = secrets.token_urlsafe(32)
+        path = Path(f"{store_path}.admin-key")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key + "\n")
+        where = (f"a new random key in {path} (mode 0600); "
+                 f"export {ADMIN_KEY_ENV}=\"$(cat {path})\"")
+    gateway = config.gateway.model_copy(update={"admin_key": key})
+    return config.model_copy(update={"gateway": gateway}), where
+
+
+def refuse_key_on_argv(overrides: list[str]) -> None:
+    """`--set gateway.admin_key=...` would put the key where `ps` shows it: refuse."""
+    if any(o.split("=", 1)[0].strip() == "gateway.admin_key" for o in overrides):
+        raise GatewayError(f"the admin key on the command line is visible to every process "
+                           f"(ps): set ${ADMIN_KEY_ENV} (or gateway.admin_key in a config file)")
+
+
 def serve_forever(config: RunConfig, store_path: Path) -> None:
     """`openforge serve`: run the gateway on its own until Ctrl-C or SIGTERM."""
+    config, key_source = admin_key(config, store_path)
     store = Store(store_path)
 
     async def main() -> None:
@@ -205,7 +238,7 @@ def serve_forever(config: RunConfig, store_path: Path) -> None:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
         async with Gateway(config.gateway, config.engine, store) as gateway:
-            print(_banner(gateway, config.engine), flush=True)
+            print(_banner(gateway, config.engine, key_source), flush=True)
             waiter = asyncio.ensure_future(stop.wait())
             served = asyncio.ensure_future(gateway.wait())
             await asyncio.wait({waiter, served}, return_when=asyncio.FIRST_COMPLETED)
@@ -222,7 +255,8 @@ def serve_forever(config: RunConfig, store_path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m openforge.gateway.server --store PATH [--engine NAME] [--option K=V]...`"""
+    """`python -m openforge.gateway.server --store PATH [--engine NAME] [--option K=V]...`
+    (the admin key: `$OPENFORGE_ADMIN_KEY`, see `admin_key`)"""
     parser = argparse.ArgumentParser(prog="python -m openforge.gateway.server",
                                      description="Run the openforge recording gateway.")
     parser.add_argument("--store", type=Path, default=Path("gateway.sqlite"))
@@ -231,7 +265,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--renderer", help="renderer config name (default: auto)")
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
-    parser.add_argument("--admin-key")
     parser.add_argument("--keepalive", type=float, help="seconds between SSE keep-alives")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="engine option (value parsed as YAML), repeatable")
@@ -240,11 +273,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     overrides = list(args.overrides) + [f"engine.options.{o}" for o in args.option]
     try:
+        refuse_key_on_argv(overrides)
         config = load_run_config(None, overrides, {
             "engine.name": args.engine, "engine.model": args.model,
             "engine.renderer": args.renderer, "gateway.host": args.host,
-            "gateway.port": args.port, "gateway.admin_key": args.admin_key,
-            "gateway.keepalive_s": args.keepalive,
+            "gateway.port": args.port, "gateway.keepalive_s": args.keepalive,
         })
         serve_forever(config, args.store)
     except OpenforgeError as exc:

@@ -1,5 +1,8 @@
 """The gateway's live sessions: token lookup, per-session token caches, call numbering.
 
+Sessions are found by the SHA-256 of their token (`store.secret_hash`): the store keeps
+only hashes, and this cache is keyed the same way.
+
 The store is the source of truth; this registry only caches what the hot path needs per
 call (the `Session`, its `SessionTokens` and the next call index) so that a call costs
 no store read. A session the cache does not know (a gateway restarted on an existing
@@ -27,7 +30,7 @@ from typing import Any
 
 from openforge.gateway.dialects.memo import HistoryMemo
 from openforge.gateway.render import ModelBundle, SessionTokens
-from openforge.store import Store
+from openforge.store import Store, secret_hash
 from openforge.types import Call, SamplingParams, Session
 
 log = logging.getLogger("openforge.gateway")
@@ -73,24 +76,27 @@ class SessionRegistry:
             id=uuid.uuid4().hex,
             # 32 random bytes: the token is the only credential a sandbox holds.
             token=secrets.token_urlsafe(32),
+            # The trusted side's credential for reading this session's calls.
+            scoring_token=secrets.token_urlsafe(32),
             run_id=run_id, rollout_id=rollout_id, task_id=task_id,
             model=self.model_name,
             sampling=sampling or SamplingParams(),
             weight_version=weight_version or self.weight_version,
             metadata=metadata or {},
         )
-        self.store.create_session(session)
-        self._cache(LiveSession(session, SessionTokens(self.bundle)))
-        return session
+        stored = self.store.create_session(session)
+        self._cache(LiveSession(stored, SessionTokens(self.bundle)))
+        return stored
 
     def by_token(self, token: str) -> LiveSession | None:
         """The open session that `token` belongs to, or None (unknown or closed)."""
-        live = self._by_token.get(token)
-        if live is not None:
-            return live
         if not token:
             return None
-        session = self.store.get_session_by_token(token)
+        token_hash = secret_hash(token)
+        live = self._by_token.get(token_hash)
+        if live is not None:
+            return live
+        session = self.store.get_session_by_token_hash(token_hash)
         if session is None or session.status != "open":
             return None
         return self._load(session)
@@ -112,7 +118,7 @@ class SessionRegistry:
         self.store.close_session(session_id)
         live = self._by_id.pop(session_id, None)
         if live is not None:
-            self._by_token.pop(live.session.token, None)
+            self._by_token.pop(live.session.token_hash, None)
         return self.store.get_session(session_id)
 
     def cache_stats(self) -> dict[str, int]:
@@ -123,7 +129,7 @@ class SessionRegistry:
                 "cached_token_bytes": sum(live.tokens.nbytes() for live in lives)}
 
     def _cache(self, live: LiveSession) -> LiveSession:
-        self._by_token[live.session.token] = live
+        self._by_token[live.session.token_hash] = live
         self._by_id[live.session.id] = live
         return live
 

@@ -10,7 +10,8 @@ base64, or `{error}`).
 
 The container's `/workspace` is the rollout's workspace. Commands and verify scripts name
 `/workspace/...` literally, so each command runs under bubblewrap with the workspace
-mounted at /workspace, without network, with a clean environment and the task's
+mounted at /workspace, in the checks' sandbox (`check_sandbox`: openforge's allowlisted
+view, no network, no capabilities), with a clean environment and the task's
 `env_snapshot_timeout`: the commands run the agent's files (its scripts, the database it
 repaired), so they get no more reach than the agent had.
 """
@@ -27,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from openforge_claw import check_sandbox
 from openforge_claw.claweval import checkout
 from openforge_claw.claweval.spec import CONTAINER_WORKSPACE, ClawEvalTask
 
@@ -45,68 +47,33 @@ class SnapshotError(RuntimeError):
     """A snapshot command cannot run here (no bubblewrap)."""
 
 
-def bwrap() -> str | None:
-    return shutil.which("bwrap")
-
-
-def _under_tmp(path: str) -> bool:
-    real = os.path.realpath(path)
-    return real == "/tmp" or real.startswith("/tmp/")
-
-
 def container_argv(workspace: Path, command: str, python: str, nested: bool) -> list[str]:
-    """bubblewrap argv running `command` with `workspace` at /workspace.
-
-    The new root is bubblewrap's own tmpfs with each top-level folder of this machine
-    mounted read-only (a read-only `/` could not take a /workspace mount point). `nested`:
-    inside another bubblewrap (a rollout's), which cannot mount a new /proc.
-    """
-    exe = bwrap()
+    """bubblewrap argv running `command` with `workspace` at /workspace, in the checks'
+    sandbox (`check_sandbox`: openforge's allowlisted view, no network, no capabilities).
+    `nested`: inside another bubblewrap, which cannot mount a new /proc."""
+    exe = check_sandbox.usable_bwrap(with_proc=not nested)
     if exe is None:
         raise SnapshotError("the task runs env_snapshot_commands at /workspace, which needs "
                             "bubblewrap: apt-get install bubblewrap")
-    argv = [exe]
-    for entry in sorted(os.listdir("/")):
-        path = "/" + entry
-        if entry in ("proc", "dev", "tmp", CONTAINER_WORKSPACE.strip("/")):
-            continue
-        if os.path.islink(path):
-            argv += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            argv += ["--ro-bind", path, path]
-    argv += ["--dev", "/dev", "--tmpfs", "/tmp"]
-    # The interpreter the commands call `python` may live under /tmp (a CI virtualenv).
-    for prefix in dict.fromkeys([sys.prefix, sys.base_prefix, str(Path(python).parent)]):
-        if _under_tmp(prefix) and os.path.isdir(prefix):
-            argv += ["--ro-bind", os.path.realpath(prefix), os.path.realpath(prefix)]
-    if nested:
-        argv += ["--unshare-net", "--unshare-ipc", "--unshare-uts"]
-    else:
-        argv += ["--proc", "/proc", "--unshare-all"]
-    argv += ["--bind", str(workspace.resolve()), CONTAINER_WORKSPACE, "--chdir",
-             CONTAINER_WORKSPACE, "--die-with-parent", "--new-session", "--clearenv",
-             "--setenv", "PATH", f"{Path(python).parent}:/usr/local/bin:/usr/bin:/bin",
-             "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
-             "/bin/sh", "-c", command]
-    return argv
+    return [exe, *check_sandbox.prefix(workspace, mount_at=CONTAINER_WORKSPACE, python=python,
+                                       with_proc=not nested),
+            "--clearenv", "--setenv", "PATH", f"{Path(python).parent}:/usr/local/bin:/usr/bin:/bin",
+            "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
+            "/bin/sh", "-c", command]
 
 
 def run_command(workspace: Path, command: str, timeout_s: float, python: str) -> dict[str, Any]:
     """One snapshot command, as Claw-Eval's sandbox `/exec` answers it."""
-    for nested in (False, True):
-        argv = container_argv(workspace, command, python, nested)
-        try:
-            proc = subprocess.run(argv, capture_output=True, timeout=timeout_s,
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return {"exit_code": -1, "stdout": "", "stderr": f"Timed out after {timeout_s:g}s"}
-        stderr = proc.stderr.decode(errors="replace")
-        if not nested and proc.returncode != 0 and stderr.startswith("bwrap: Can't mount proc"):
-            continue  # already inside a bubblewrap sandbox: run without a /proc of its own
-        return {"exit_code": proc.returncode,
-                "stdout": proc.stdout.decode(errors="replace")[:_OUTPUT_LIMIT],
-                "stderr": stderr[:_OUTPUT_LIMIT]}
-    raise AssertionError("unreachable")
+    nested = check_sandbox.usable_bwrap(with_proc=True) is None
+    argv = container_argv(workspace, command, python, nested)
+    try:
+        proc = subprocess.run(argv, capture_output=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {"exit_code": -1, "stdout": "", "stderr": f"Timed out after {timeout_s:g}s"}
+    return {"exit_code": proc.returncode,
+            "stdout": proc.stdout.decode(errors="replace")[:_OUTPUT_LIMIT],
+            "stderr": proc.stderr.decode(errors="replace")[:_OUTPUT_LIMIT]}
 
 
 def read_file(path: Path, shown: str) -> dict[str, Any]:

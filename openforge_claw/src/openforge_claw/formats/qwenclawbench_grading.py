@@ -1,8 +1,9 @@
 """Scoring a QwenClawBench task the benchmark's way.
 
 - automated: the task's own `grade(transcript, workspace_path)` runs (its own process,
-  under bubblewrap when it works here: read-only system, the workspace writable, private
-  /tmp, no network; a hard timeout) on the final workspace and the transcript in OpenClaw's
+  in the checks' sandbox when bubblewrap works here (`check_sandbox`: openforge's
+  allowlisted view, the workspace writable, private /tmp, no network, no capabilities),
+  else in a fresh sandbox of the attempt (`openforge.sandbox.verifier`); a hard timeout) on the final workspace and the transcript in OpenClaw's
   session-event format (`openclaw_events.py`). Its criterion dict is kept; the score is
   the mean of its numeric values.
 - llm_judge: a judge model (`environment_options.judge_base_url` / `judge_model`, any
@@ -26,22 +27,20 @@ events built from the recorded calls, else the prompt and final answer alone.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
 from openforge.errors import OpenforgeError
-from openforge.executors.local import LocalExecutor, bwrap_path, scrub_env
+from openforge.sandbox.protocol import scrub_env
 from openforge.types import Call, RewardResult
 from pydantic import BaseModel, ConfigDict, Field
 
-from openforge_claw import grader_process
+from openforge_claw import check_sandbox, grader_process
 from openforge_claw.formats import openclaw_events
 from openforge_claw.grader_process import GraderError
 from openforge_claw.judge import JudgeEndpoint, JudgeError
@@ -49,6 +48,7 @@ from openforge_claw.tasks import ClawTask, QwenClawBenchGrading
 
 AUTO_PENALTY_THRESHOLD = 0.75  # below it, the judge's part of a hybrid score is dropped
 PERFECT = 1.0 - 1e-9
+QCB_RUNNER = "openforge_claw.formats.qwenclawbench_runner"
 _TEXT_LIMIT = 200  # how much of a tool result the judge's transcript summary shows
 
 
@@ -100,51 +100,34 @@ def transcript(task: ClawTask, workspace: Path, final_state: dict[str, Any],
 
 # -- the automated checks --------------------------------------------------------------------
 
-_SANDBOX = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-_ISOLATE = ["--unshare-all", "--die-with-parent", "--new-session"]
-
-
-@functools.cache
 def usable_bwrap() -> str | None:
-    """bubblewrap, when it is installed and can make the grader's sandbox here (inside
-    another sandbox it cannot mount /proc: the grader then runs as a plain process)."""
-    bwrap = bwrap_path()
-    if not bwrap:
-        return None
-    try:
-        probe = subprocess.run([bwrap, *_SANDBOX, *_ISOLATE, "true"], capture_output=True,
-                               timeout=30, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return bwrap if probe.returncode == 0 else None
-
-
-def _wrap(workspace: Path, home: Path, env: dict[str, str]) -> list[str]:
-    """The bubblewrap argv the grader runs behind (none when bubblewrap cannot run here)."""
-    bwrap = usable_bwrap()
-    if bwrap is None:
-        return []
-    binds: list[str] = []
-    for path in LocalExecutor._code_under_tmp(env):
-        binds += ["--ro-bind", path, path]
-    return [bwrap, *_SANDBOX, *binds, "--bind", str(home), str(home), "--bind",
-            str(workspace), str(workspace), *_ISOLATE, "--chdir", str(workspace)]
+    """bubblewrap, when it can build the checks' sandbox here (`check_sandbox`)."""
+    return check_sandbox.usable_bwrap()
 
 
 def run_grader(code: str, events: list[dict[str, Any]], workspace: Path,
                timeout_s: float) -> dict[str, Any]:
-    """The runner's result for `code` on `workspace` (see `qwenclawbench_runner`)."""
+    """The runner's result for `code` on `workspace` (see `qwenclawbench_runner`).
+
+    grade() may import or run what the agent wrote, so it never runs as a plain process of
+    the trusted side: under bubblewrap in the checks' sandbox (`check_sandbox`), else in a
+    fresh sandbox of the attempt (`openforge.sandbox.verifier`, a plain process only where
+    the attempt itself had no isolation, or outside a rollout)."""
     workspace = workspace.resolve()
-    home = Path(tempfile.mkdtemp(prefix="openforge-qcb-grader-"))
-    env = scrub_env(dict(os.environ))
-    env.update(HOME=str(home), TMPDIR=str(home), PYTHONDONTWRITEBYTECODE="1")
-    try:
-        done = grader_process.run(
-            "openforge_claw.formats.qwenclawbench_runner",
-            {"code": code, "transcript": events, "workspace": str(workspace)},
-            cwd=workspace, env=env, timeout_s=timeout_s, wrap=_wrap(workspace, home, env))
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
+    job = {"code": code, "transcript": events, "workspace": str(workspace)}
+    bwrap = usable_bwrap()
+    if bwrap is None:
+        done = grader_process.run_verified(QCB_RUNNER, job, cwd=workspace, timeout_s=timeout_s)
+    else:
+        home = Path(tempfile.mkdtemp(prefix="openforge-qcb-grader-"))
+        env = scrub_env(dict(os.environ))
+        env.update(HOME=str(home), TMPDIR=str(home), PYTHONDONTWRITEBYTECODE="1")
+        try:
+            done = grader_process.run(
+                QCB_RUNNER, job, cwd=workspace, env=env, timeout_s=timeout_s,
+                wrap=[bwrap, *check_sandbox.prefix(workspace, writable=[home])])
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
     if done.result is not None:
         return done.result
     if done.timed_out:
