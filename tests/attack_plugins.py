@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from openforge.environment import Environment
+from openforge.options import PluginOptions
 from openforge.sandbox import verifier
 from openforge.types import RewardResult, Task
 
@@ -32,19 +33,31 @@ CANARY = "CANARY-7c1e0d5b-do-not-leak"
 SECRET_ANSWER = "the-honest-answer-nobody-writes"
 
 
+class AttackOptions(PluginOptions):
+    """Options of `AttackEnv`."""
+
+    attacks: list[str]
+    """The attacks to run, one task each."""
+    data: Path
+    """The task data folder (holds expected.txt)."""
+
+
 class AttackEnv(Environment):
     """One task per attack in option `attacks`; the data folder is option `data`."""
 
+    options_model = AttackOptions
+    options: AttackOptions
+
     def tasks(self, split: str | None = None) -> Iterable[Task]:
-        for name in self.options["attacks"]:
+        for name in self.options.attacks:
             yield Task(id=name, prompt=f"ATTACK {name}")
 
     def data_paths(self, task: Task) -> list[Path]:
-        return [Path(self.options["data"])]
+        return [self.options.data]
 
     def check(self, task: Task, workspace: Path, final_state: dict[str, Any]) -> RewardResult:
         answer = workspace / "answer.txt"
-        expected = Path(self.options["data"]) / "expected.txt"
+        expected = self.options.data / "expected.txt"
         ok = answer.exists() and answer.read_text() == expected.read_text()
         details: dict[str, Any] = {}
         if (workspace / "verify.py").exists():

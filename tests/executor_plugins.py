@@ -13,6 +13,7 @@ from typing import Any
 
 from openforge.environment import Environment
 from openforge.harness import Command, Harness, HarnessContext
+from openforge.options import PluginOptions
 from openforge.reward import Reward
 from openforge.types import Call, RewardResult, Task
 
@@ -209,16 +210,26 @@ class ProbeHarness(_Script):
         (ctx.home / "probe.json").write_text(ctx.task.prompt)
 
 
+class DataOptions(PluginOptions):
+    """Options of `DataEnv`."""
+
+    data: Path
+    """The file the checker compares answer.txt with."""
+
+
 class DataEnv(OneTaskEnv):
     """One task whose checker reads a file outside the workspace (`data` option): passes when
     the workspace's answer.txt equals it. The file is the task's data (`data_paths`)."""
 
+    options_model = DataOptions
+    options: DataOptions
+
     def data_paths(self, task: Task) -> list[Path]:
-        return [Path(self.options["data"])]
+        return [self.options.data]
 
     def check(self, task: Task, workspace: Path, final_state: dict[str, Any]) -> RewardResult:
         answer = workspace / "answer.txt"
-        ok = answer.exists() and answer.read_text() == Path(self.options["data"]).read_text()
+        ok = answer.exists() and answer.read_text() == self.options.data.read_text()
         return RewardResult(score=1.0 if ok else 0.0, passed=ok)
 
 

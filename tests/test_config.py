@@ -77,8 +77,80 @@ def test_wrong_type_reports_file_field_path_and_problem(tmp_path: Path) -> None:
 def test_unknown_field_is_rejected_with_its_path(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("engine:\n  nmae: local\n")
-    with pytest.raises(ConfigError, match=r"engine\.nmae: Extra inputs are not permitted"):
+    with pytest.raises(ConfigError, match=r"bad\.yaml: engine\.nmae: not a known option "
+                       r"\(valid: model, name, options, renderer\)"):
         load_run_config(path)
+
+
+def test_set_errors_name_the_set_not_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("k: 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_run_config(path, ["sampling.temprature=0.5"])
+    assert str(info.value) == ("--set sampling.temprature=0.5: sampling.temprature: not a known "
+                               "option (valid: max_tokens, seed, stop, temperature, top_p)")
+    path.write_text("k: none\n")
+    with pytest.raises(ConfigError, match=r"^.*run\.yaml: k: "):
+        load_run_config(path, ["sampling.temperature=0.5"])
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "openforge.cli", *args], capture_output=True,
+                          text=True, timeout=120, cwd=cwd)
+
+
+# (command line, the option's place in the error, a name the error must list as valid)
+MISSPELT = [
+    (["run", "--set", "harness_optionz.x=1"], "harness_optionz", "harness_options"),
+    (["run", "--set", "engine.nmae=local"], "engine.nmae", "name"),
+    (["run", "--set", "gateway.prot=8000"], "gateway.prot", "port"),
+    (["run", "--set", "sampling.temprature=0.5"], "sampling.temprature", "temperature"),
+    (["run", "--engine", "scripted", "--set", "engine.options.scrpt=s.yaml"],
+     "engine 'scripted' option scrpt", "script"),
+    (["run", "--engine", "local", "--set", "engine.options.dtpye=float16"],
+     "engine 'local' option dtpye", "dtype"),
+    (["run", "--set", "harness_options.max_stepz=2"], "harness 'mini' option max_stepz",
+     "max_steps"),
+    (["run", "--set", "executor_options.sandbx=none"], "executor 'local' option sandbx",
+     "sandbox"),
+    (["run", "--set", "environment_options.foo=1"], "environment 'demo' option foo", None),
+    (["run", "--set", "reward_options.foo=1"], "reward 'checker' option foo", None),
+    (["train", "--set", "stepz=3"], "stepz", "steps"),
+    (["train", "--set", "options.batch_sze=2"], "trainer 'local' option batch_sze", "batch_size"),
+    (["train", "--set", "run.sampling.top_q=0.5"], "run.sampling.top_q", "top_p"),
+]
+
+
+@pytest.mark.parametrize("args,where,valid", MISSPELT, ids=[m[1] for m in MISSPELT])
+def test_a_misspelt_option_in_any_section_is_refused_in_one_line(
+        tmp_path: Path, args: list[str], where: str, valid: str | None) -> None:
+    out = _cli(*args, "--set", f"runs_dir={tmp_path / 'runs'}" if args[0] == "run"
+               else f"run.runs_dir={tmp_path / 'runs'}", cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert f"{where}: not a known option" in lines[0]
+    if valid is None:
+        assert "(it takes no options)" in lines[0]
+    else:
+        listed = lines[0].split("(valid: ")[1].split(")")[0].split(", ")
+        assert valid in listed
+    assert not (tmp_path / "runs").exists()  # refused before anything started
+
+
+def test_plugins_options_prints_names_types_and_defaults(tmp_path: Path) -> None:
+    out = _cli("plugins", "--options", "mini", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines()[2:] if line.strip()}
+    assert rows["max_steps"][1:3] == ["int", "6"]
+    assert rows["max_tokens"][1:3] == ["int", "256"]
+    assert "Model calls at most" in out.stdout  # the field's docstring is its description
+    engine = _cli("plugins", "--options", "scripted", "--kind", "engine", cwd=tmp_path)
+    assert "script " in engine.stdout and "Path | None" in engine.stdout
+    none = _cli("plugins", "--options", "checker", cwd=tmp_path)
+    assert "takes no options" in none.stdout
+    unknown = _cli("plugins", "--options", "nope", cwd=tmp_path)
+    assert unknown.returncode == 2 and "no plugin named 'nope'" in unknown.stderr
 
 
 def test_malformed_files_and_overrides_are_one_line_errors(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ from openforge.gateway.render import ModelBundle
 from openforge.gateway.server import Gateway
 from openforge.store import Store
 from openforge.trajectory import build_samples
-from openforge.types import Call, RewardResult, RolloutResult, Session
+from openforge.types import Call, RewardResult, RolloutResult, Session, Task
 
 IM_END = 151645
 SYS = [151644, 8948, 198, 5, IM_END, 198]
@@ -162,9 +162,11 @@ def test_verl_rows_have_the_documented_layout(tmp_path: Path) -> None:
     assert a["prompt"] == [{"role": "user", "content": "Fix the failing test."}]
     assert a["reward_model"] == {"style": "rule", "ground_truth": '{"tests": ["t1"]}'}
     assert a["agent_name"] == AGENT_NAME
+    task_json = Task(id="task-a", prompt="Fix the failing test.").model_dump_json()
     assert a["extra_info"] == {"index": 0, "task_id": "task-a", "rollout_id": "r-a",
                                "session_id": "a", "run_id": "run", "reward": 1.0,
-                               "passed": True, "status": "ok"}
+                               "passed": True, "status": "ok", "split": None,
+                               "task_json": task_json}
     assert b["prompt"] == [{"role": "user", "content": "task of b"}]
     assert b["data_source"] == "openforge" and b["ability"] == "agent"
     assert b["extra_info"]["index"] == 1 and b["extra_info"]["reward"] is None
@@ -357,3 +359,84 @@ def test_cli_export(tmp_path: Path) -> None:
     missing = runner.invoke(cli, ["export", str(tmp_path), "--out", str(tmp_path / "o2")])
     assert missing.exit_code == 2
     assert "error:" in missing.output and "Traceback" not in missing.output
+
+
+# -- from a real run: the Task travels whole; the ground truth comes from it -----------------
+
+
+def test_verl_export_rows_carry_the_task_like_train_writes_them(tmp_path: Path) -> None:
+    from openforge.config import RunConfig
+    from openforge.runner import run_from_config
+    from openforge.training.verl import row_task, task_row
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "hello", "prompt": "Create hello.txt saying hi.",
+                                 "split": "train", "ground_truth": {"hello.txt": "hi"},
+                                 "check": {"files": {"hello.txt": "hi"}}}) + "\n")
+    config = RunConfig(environment="tasks", environment_options={"path": str(tasks)},
+                       engine=EngineConfig(name="scripted", options={"replies": [
+                           {"tool_calls": [{"name": "write_file", "arguments": {
+                               "path": "hello.txt", "content": "hi"}}]}, {"content": "Done."}]}),
+                       runs_dir=tmp_path / "runs")
+    summary = run_from_config(config)
+    [row] = load(export_run(summary.run_dir, "verl", tmp_path / "verl"))
+    [task] = plugins.create("environment", "tasks", path=str(tasks)).tasks()
+    # The same row `openforge train --backend verl` writes for this task, but for the run's
+    # own figures: the veRL agent loop rebuilds the very same Task from either.
+    written = task_row(task, 0, "train")
+    assert row["extra_info"]["task_json"] == written["extra_info"]["task_json"]
+    assert row_task(row) == task
+    assert row["extra_info"]["split"] == "train" and row["extra_info"]["passed"] is True
+    assert row["reward_model"] == written["reward_model"] == {
+        "style": "rule", "ground_truth": '{"hello.txt": "hi"}'}
+    assert row["data_source"] == "tasks"
+
+
+def test_verl_launcher_holds_out_test_tasks_only(tmp_path: Path) -> None:
+    from openforge.config import TrainConfig
+    from openforge.training.verl import VerlTrainer
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": f"t{i}", "prompt": "p", "split": split}) + "\n"
+                             for i, split in enumerate(["train", "train", "test"])))
+    split = TrainConfig.model_validate({
+        "backend": "verl", "run": {"environment": "tasks",
+                                   "environment_options": {"path": str(tasks)}},
+        "options": {"output_dir": str(tmp_path / "split"), "dry_run": True}})
+    command, _ = VerlTrainer().prepare(split)
+    out = tmp_path / "split"
+    assert [r["extra_info"]["task_id"] for r in pq.read_table(out / "train.parquet").to_pylist()] \
+        == ["t0", "t1"]
+    assert [r["extra_info"]["task_id"] for r in pq.read_table(out / "val.parquet").to_pylist()] \
+        == ["t2"]
+    assert f"data.val_files={out / 'val.parquet'}" in command
+    unsplit = TrainConfig.model_validate({
+        "backend": "verl", "run": {"environment": "demo"},
+        "options": {"output_dir": str(tmp_path / "demo"), "dry_run": True}})
+    command, _ = VerlTrainer().prepare(unsplit)
+    out = tmp_path / "demo"
+    assert len(pq.read_table(out / "train.parquet")) == 12
+    assert not (out / "val.parquet").exists()  # it would only repeat train.parquet
+    assert f"data.val_files={out / 'train.parquet'}" in command
+    assert "trainer.val_before_train=false" in command and "trainer.test_freq=-1" in command
+
+
+def test_an_export_of_zero_rows_says_why(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    with Store(run / "store.sqlite") as store:
+        synthetic_session(store, "a", reward=0.0)
+        store.save_result("a", RolloutResult(rollout_id="r-a", status="ok",
+                                             reward=RewardResult(score=0.0, passed=False)))
+        synthetic_session(store, "b")
+        store.save_result("b", RolloutResult(rollout_id="r-b", status="timeout"))
+    result = CliRunner().invoke(cli, ["export", str(run), "--format", "sft", "--out",
+                                      str(tmp_path / "sft")])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        f"wrote {tmp_path / 'sft' / 'data.parquet'} (0 rows)",
+        "note: 0 rows: every session was left out (did not pass (SFT rows come from passing "
+        "rollouts only): 1; infrastructure failures: 1)"]
+    some = CliRunner().invoke(cli, ["export", str(run), "--format", "samples", "--out",
+                                    str(tmp_path / "samples")])
+    assert some.output.splitlines() == [f"wrote {tmp_path / 'samples' / 'data.parquet'} (1 rows)"]

@@ -18,7 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from openforge.errors import OpenforgeError
-from openforge.harness import HarnessContext, HarnessMissingError, ProcessOutput, drop_none
+from openforge.harness import (
+    HarnessContext,
+    HarnessMissingError,
+    McpServer,
+    ProcessOutput,
+    drop_none,
+)
 from openforge.types import Task
 
 import_sources(CODEX)
@@ -61,6 +67,20 @@ def test_config_points_at_the_session_and_nothing_else(ctx: HarnessContext) -> N
     assert config["analytics"] == {"enabled": False}
 
 
+def test_the_tasks_mcp_servers_go_into_the_config(ctx: HarnessContext) -> None:
+    harness = CodexHarness()
+    harness.prepare(ctx)
+    assert "mcp_servers" not in tomllib.loads((ctx.home / ".codex/config.toml").read_text())
+    ctx.mcp_servers = [McpServer(name="claw-eval", command="/usr/bin/python3",
+                                 args=["-m", "bridge", "mcp"], env={"A": "1"})]
+    harness.prepare(ctx)
+    config = tomllib.loads((ctx.home / ".codex/config.toml").read_text())
+    # required: `codex exec` waits for the server's tools before its first request.
+    assert config["mcp_servers"] == {"claw-eval": {
+        "command": "/usr/bin/python3", "args": ["-m", "bridge", "mcp"], "env": {"A": "1"},
+        "required": True, "startup_timeout_sec": 60}}
+
+
 def test_extra_config_is_merged_last(ctx: HarnessContext) -> None:
     harness = CodexHarness(config={"model_providers": {"openforge": {"request_max_retries": 2}},
                                    "tools": {"view_image": False}}, reasoning_effort="low")
@@ -94,9 +114,9 @@ def test_codex_own_sandbox_mode(ctx: HarnessContext, fake_codex: Path) -> None:
 
 
 def test_bad_option_is_one_line() -> None:
-    with pytest.raises(OpenforgeError, match="codex harness option sandbox: Input should be"):
+    with pytest.raises(OpenforgeError, match="harness CodexHarness option sandbox: Input should be"):
         CodexHarness(sandbox="docker")
-    with pytest.raises(OpenforgeError, match="codex harness option colour: Extra inputs"):
+    with pytest.raises(OpenforgeError, match=r"option colour: not a known option \(valid: .*sandbox"):
         CodexHarness(colour=True)
 
 

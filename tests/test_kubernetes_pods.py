@@ -39,6 +39,7 @@ from openforge.executors.kubernetes import (  # noqa: E402
     KubernetesExecutorError,
     refusal,
 )
+from openforge.options import OptionsError  # noqa: E402
 from openforge.types import RewardResult, RolloutResult, RolloutSpec, Task  # noqa: E402
 
 
@@ -158,13 +159,14 @@ def test_oversized_spec_is_refused_with_a_clear_message() -> None:
 
 
 def test_options_errors_are_one_line() -> None:
-    with pytest.raises(KubernetesExecutorError, match=r"option image: Field required \(the rollout image"):
+    with pytest.raises(OptionsError, match=r"^executor 'kubernetes' option image: required, not "
+                                            r"given \(the rollout image"):
         plugins.create("executor", "kubernetes")
-    with pytest.raises(KubernetesExecutorError, match="option max_concurrency"):
+    with pytest.raises(OptionsError, match="option max_concurrency"):
         KubernetesExecutor(image="i", max_concurrency=0)
-    with pytest.raises(KubernetesExecutorError, match="option imag"):
+    with pytest.raises(OptionsError, match=r"option imag: not a known option \(valid: .*image,"):
         KubernetesExecutor(image="i", imag="typo")
-    with pytest.raises(KubernetesExecutorError, match="option command"):
+    with pytest.raises(OptionsError, match="option command: not a known option"):
         KubernetesExecutor(image="i", command=["python"])  # replaced by python / entrypoint
     with pytest.raises(KubernetesExecutorError, match="kubeconfig: /nonexistent does not exist"):
         KubernetesExecutor(image="i", kubeconfig="/nonexistent")

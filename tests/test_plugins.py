@@ -109,24 +109,55 @@ def test_unknown_plugin_name_lists_installed_choices(example_target: Path) -> No
     assert {"mini", "one-shot"} <= set(line.split("installed: ")[1].split(", "))
 
 
-def test_two_plugins_with_one_name_is_a_clear_error(tmp_path: Path) -> None:
+def test_a_name_two_distributions_register_is_listed_marked_and_refused_only_when_used(
+        tmp_path: Path) -> None:
     first = make_distribution(tmp_path, "dup-one", "dup_one", HARNESS_PLUGIN)
     second = make_distribution(tmp_path, "dup-two", "dup_two", HARNESS_PLUGIN)
     target = tmp_path / "site"
     pip_install(target, first, second)
     out = openforge("plugins", path=target)
-    assert out.returncode == 2
-    assert "harness 'dup' is registered by both" in out.stderr
-    assert "dup-one" in out.stderr and "dup-two" in out.stderr
-    assert "Traceback" not in out.stderr
+    assert out.returncode == 0, out.stderr
+    dup = [line for line in out.stdout.splitlines() if " dup " in line]
+    assert len(dup) == 2  # both listed, each marked
+    assert "dup-one" in dup[0] and "CLASH: also registered by dup-two" in dup[0]
+    assert "dup-two" in dup[1] and "CLASH: also registered by dup-one" in dup[1]
+    assert " mini " in out.stdout  # everything else still listed
+    used = openforge("run", "--harness", "dup", path=target)
+    assert used.returncode == 2
+    lines = used.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in used.stderr
+    assert lines[0] == ("error: harness 'dup' is registered by both 'dup-one' and 'dup-two'; "
+                        "uninstall one of them (`openforge plugins` lists both)")
+    other = openforge("plugins", "--options", "mini", path=target)  # other names still work
+    assert other.returncode == 0 and "max_steps" in other.stdout
 
 
-def test_plugin_that_fails_to_import_is_skipped_with_a_warning(tmp_path: Path) -> None:
+def test_plugin_that_fails_to_import_is_explained_in_one_line(tmp_path: Path) -> None:
     broken = make_distribution(tmp_path, "broken-plugin", "broken_plugin",
                                "import a_module_that_does_not_exist\n")
     target = tmp_path / "site"
     pip_install(target, broken)
     out = openforge("plugins", path=target)
     assert out.returncode == 0
-    assert "broken-plugin" in out.stderr and "failed to import" in out.stderr
+    warning = ("warning: openforge plugin 'broken_plugin' from distribution 'broken-plugin' "
+               "failed to import and is skipped (ModuleNotFoundError: No module named "
+               "'a_module_that_does_not_exist'); fix it or `pip uninstall broken-plugin`")
+    assert out.stderr.strip().splitlines() == [warning]  # no UserWarning, no source line
     assert " mini " in out.stdout  # the rest still works
+    listed = [line for line in out.stdout.splitlines() if "broken-plugin" in line]
+    assert len(listed) == 1 and "FAILED TO IMPORT" in listed[0]
+    # The later "unknown harness" says why it may be unknown.
+    used = openforge("run", "--harness", "broken", path=target)
+    assert used.returncode == 2
+    error = used.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: unknown harness 'broken'; installed: ")
+    assert "note: plugin 'broken_plugin' from 'broken-plugin' failed to import " \
+           "(ModuleNotFoundError: No module named 'a_module_that_does_not_exist')" in error
+
+
+def test_misspelt_option_of_an_installed_plugin_is_refused(example_target: Path) -> None:
+    out = openforge("run", "--harness", "one-shot", "--env", "arithmetic", "--reward",
+                    "exact-answer", "--set", "harness_options.max_tokns=64", path=example_target)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("error: harness 'one-shot' option max_tokns: not a known "
+                                  "option (valid: max_tokens)")

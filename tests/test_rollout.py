@@ -57,7 +57,7 @@ def test_the_result_is_the_last_line_signed_with_the_key_from_stdin(tmp_path: Pa
 
 @pytest.mark.parametrize("harness, expected", [
     ("executor_plugins:MissingHarness", "harness missing"),
-    ("executor_plugins:NoSuchThing", "building the plugins failed"),
+    ("executor_plugins:NoSuchThing", "loading the plugins failed"),
     ("executor_plugins:CrashHarness", "signal"),
 ])
 def test_infra_failures_are_not_scored(tmp_path: Path, harness: str, expected: str) -> None:

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from sandbox_modes import ISOLATING_MODES
+from sandbox_modes import ALL_MODES, ISOLATING_MODES
 
+from openforge.builtin.tasks import TasksEnvironment
 from openforge.executors.local import LocalExecutor
 from openforge.executors.process import LeftoverError
 from openforge.rollout import execute
@@ -100,6 +101,27 @@ async def test_no_capability_and_no_way_to_remount(tmp_path: Path, mode: str) ->
     assert (workspace / "remount.txt").read_text().strip().splitlines()[-1] != "0"
     assert (workspace / "write.txt").read_text().strip().splitlines()[-1] != "0"
     assert (data / "expected.txt").read_text() == "right"
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+async def test_a_tasks_command_check_runs_in_the_attempts_sandbox(tmp_path: Path, mode: str) -> None:
+    # The `tasks` environment's command check runs what the agent left: never on the trusted
+    # side, where it could read the host. Without isolation it sees the host's file (the
+    # contrast that shows the check can tell).
+    host_file = tmp_path / "host-only.txt"
+    host_file.write_text("not for the agent")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "look", "prompt": "true",
+                                 "check": {"command": f"test ! -e {host_file}"}}) + "\n")
+    [task] = TasksEnvironment(path=str(tasks)).tasks()
+    executor = LocalExecutor(sandbox=mode, base_dir=tmp_path / "rollouts")
+    spec = RolloutSpec(run_id="run", rollout_id="look", task=task,
+                       harness="executor_plugins:ShellHarness", environment="tasks",
+                       environment_options={"path": str(tasks)}, reward="checker",
+                       gateway_url="http://127.0.0.1:9", session_token="tok", session_id="sid")
+    result = await executor.run(spec)
+    assert result.status == "ok", result.error
+    assert result.reward is not None and result.reward.passed == (mode != "none")
 
 
 def test_the_view_never_maps_a_protected_path(tmp_path: Path,

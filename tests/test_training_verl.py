@@ -297,6 +297,10 @@ def test_launcher_writes_dataset_agent_loop_yaml_and_overrides(tmp_path: Path) -
     assert "actor_rollout_ref.rollout.n=4" in command
     assert "actor_rollout_ref.model.path=/models/Qwen3-0.6B" in command
     assert "trainer.total_training_steps=3" in command
+    # demo has no split: no val.parquet (it would only repeat train.parquet), validation off
+    assert not (out / "val.parquet").exists()
+    assert f"data.val_files={out / 'train.parquet'}" in command
+    assert "trainer.val_before_train=false" in command and "trainer.test_freq=-1" in command
     # Every override names a key that exists in veRL's own PPO config.
     import verl.trainer.config as verl_config
     from hydra import compose, initialize_config_dir

@@ -125,9 +125,9 @@ def test_missing_binary_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_bad_options_are_one_line_errors() -> None:
-    with pytest.raises(OpenforgeError, match="zeroclaw harness option api"):
+    with pytest.raises(OpenforgeError, match="harness 'zeroclaw' option api"):
         zc.create(api="websocket")
-    with pytest.raises(OpenforgeError, match="zeroclaw harness option max_tool_iterations"):
+    with pytest.raises(OpenforgeError, match="option max_tool_iterations"):
         zc.create(max_tool_iterations=0)
 
 

@@ -150,5 +150,5 @@ def test_unreachable_judge_is_an_error_not_a_zero(tmp_path: Path, site: str) -> 
         judge.score(task, env, tmp_path / "ws", state)
     with pytest.raises(OpenforgeError, match="reward_options.model"):
         WebJudgeReward()
-    with pytest.raises(OpenforgeError, match="webjudge reward option score_treshold: Extra"):
+    with pytest.raises(OpenforgeError, match=r"option score_treshold: not a known option \(valid: .*score_threshold"):
         WebJudgeReward(model="openai/judge", score_treshold=3)

@@ -1,3 +1,3 @@
 """openforge: train harness-native AI agents with reinforcement learning."""
 
-__version__ = "0.1.0"
+__version__ = "0.1.1"

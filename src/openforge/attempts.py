@@ -208,7 +208,8 @@ class RolloutStack:
                     run_id, rollout_id, task.id, sampling=sampling or cfg.sampling,
                     metadata={"prompt": task.prompt, "attempt": attempt, "try": try_no,
                               "harness": cfg.harness, "environment": cfg.environment,
-                              **(metadata or {})})
+                              # the whole task: exports carry it (veRL's extra_info.task_json)
+                              "task": task.model_dump(mode="json"), **(metadata or {})})
             session_ids.append(session.id)
             spec = self.spec(task, attempt, run_id, rollout_id, session)
             try:

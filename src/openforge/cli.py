@@ -11,6 +11,7 @@ import click
 
 from openforge import __version__
 from openforge.errors import OpenforgeError
+from openforge.plugins import KINDS
 
 
 class _Group(click.Group):
@@ -39,19 +40,63 @@ def cli() -> None:
 
 
 @cli.command()
-def plugins() -> None:
-    """List installed plugins: kind, name, distribution, version, description."""
+@click.option("--options", "options_of", metavar="NAME",
+              help="Print the options plugin NAME takes: name, type, default, description.")
+@click.option("--kind", type=click.Choice(list(KINDS)),
+              help="With --options: only the plugin of this kind (for names several kinds use).")
+def plugins(options_of: str | None, kind: str | None) -> None:
+    """List installed plugins: kind, name, distribution, version, description.
+
+    A name that two distributions register is listed for both and marked CLASH; a plugin
+    that failed to import is listed as such (and explained on stderr).
+    """
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     from openforge.plugins import get_registry
 
+    registry = get_registry()
+    console = Console(width=200)
+    if options_of is not None:
+        _print_options(registry, options_of, kind, console)
+        return
     table = Table("kind", "name", "distribution", "version", "description", box=None)
-    for reg in get_registry().registrations():
+    for reg in registry.registrations():
         # Descriptions are plain text: "openforge[verl]" is not rich markup.
-        table.add_row(reg.kind, reg.name, reg.distribution, reg.version, escape(reg.description))
-    Console(width=200).print(table)
+        note = (f"CLASH: also registered by {', '.join(reg.clashes_with)}; " if reg.clashes_with
+                else "")
+        table.add_row(reg.kind, reg.name, reg.distribution, reg.version,
+                      escape(note + reg.description))
+    for failure in registry.failures:
+        table.add_row("?", failure.entry_point, failure.distribution, "",
+                      escape(f"FAILED TO IMPORT: {failure.error}"))
+    console.print(table)
+
+
+def _print_options(registry: Any, name: str, kind: str | None, console: Any) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from openforge.options import describe_model
+
+    found = [r for r in registry.registrations(kind) if r.name == name]
+    if not found:
+        known = sorted({r.name for r in registry.registrations(kind)})
+        raise OpenforgeError(f"no {kind or 'plugin'} named '{name}'; installed: {', '.join(known)}")
+    for reg in found:
+        model = reg.options_model()
+        console.print(f"[bold]{reg.kind} {escape(reg.name)}[/bold] ({escape(reg.distribution)}): "
+                      f"{escape(reg.description)}")
+        rows = describe_model(model)
+        if not rows:
+            console.print("  takes no options\n")
+            continue
+        table = Table("option", "type", "default", "description", box=None, padding=(0, 2, 0, 2))
+        for row in rows:
+            table.add_row(row.name, escape(row.type), escape(row.default), escape(row.description))
+        console.print(table)
+        console.print()
 
 
 @cli.command()
@@ -69,6 +114,7 @@ def plugins() -> None:
 @click.option("--concurrency", type=int, help="Rollouts at once (default: 4).")
 @click.option("--limit", type=int, help="Run at most this many tasks.")
 @click.option("--task", "tasks", multiple=True, help="Run only this task id (repeatable).")
+@click.option("--split", help="Run only the environment's tasks of this split (e.g. train, test).")
 @click.option("--timeout", "timeout_s", type=float, help="Per-rollout timeout in seconds.")
 @click.option("--runs-dir", type=click.Path(path_type=Path), help="Where run directories go (default: runs).")
 @click.option("--resume", type=click.Path(path_type=Path, exists=True, file_okay=False),
@@ -94,7 +140,8 @@ def run(config_path: Path | None, overrides: tuple[str, ...], resume: Path | Non
         "reward": flags["reward"], "executor": flags["executor"],
         "engine.name": flags["engine"], "engine.model": flags["model"],
         "k": flags["k"], "concurrency": flags["concurrency"], "limit": flags["limit"],
-        "tasks": list(flags["tasks"]) or None, "timeout_s": flags["timeout_s"],
+        "tasks": list(flags["tasks"]) or None, "split": flags["split"],
+        "timeout_s": flags["timeout_s"],
         "runs_dir": flags["runs_dir"],
     }
     if flags["script"]:
@@ -102,10 +149,15 @@ def run(config_path: Path | None, overrides: tuple[str, ...], resume: Path | Non
     if flags["vllm_url"]:
         dotted["engine.options.url"] = flags["vllm_url"]
     config = load_run_config(config_path, overrides, dotted)
-    for kind, name in (("harness", config.harness), ("environment", config.environment),
-                       ("reward", config.reward), ("executor", config.executor),
-                       ("engine", config.engine.name)):
-        plugin_registry.lookup(kind, name)
+    # Every plugin's options checked now, before anything starts (each plugin checks them
+    # again, the same way, when it is built).
+    for kind, name, options in (
+            ("harness", config.harness, config.harness_options),
+            ("environment", config.environment, config.environment_options),
+            ("reward", config.reward, config.reward_options),
+            ("executor", config.executor, config.executor_options),
+            ("engine", config.engine.name, config.engine.options)):
+        plugin_registry.check(kind, name, options)
 
     from openforge.runner import run_from_config
 
@@ -147,10 +199,42 @@ def serve(config_path: Path | None, overrides: tuple[str, ...], store_path: Path
               help="Directory to write parquet files into.")
 def export(run_dir: Path, fmt: str, out: Path) -> None:
     """Export a run's recorded calls as training data (parquet)."""
-    from openforge.export import export_run
+    from openforge.export import export
 
-    written = export_run(run_dir, fmt, out)
-    click.echo(f"wrote {written}")
+    result = export(run_dir, fmt, out)
+    click.echo(f"wrote {result.path} ({result.rows} rows)")
+    note = result.note()
+    if note:
+        click.echo(f"note: {note}")
+
+
+@cli.command()
+@click.argument("runs_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("runs"))
+def runs(runs_dir: Path) -> None:
+    """List the run folders under RUNS_DIR (default: runs) with their headline figures."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from openforge.report.runs import list_runs
+
+    rows = list_runs(runs_dir)
+    if not rows:
+        click.echo(f"no runs in {runs_dir} (openforge run writes them there; "
+                   "pass another folder: openforge runs DIR)")
+        return
+    table = Table("run", "started", "harness", "environment", "reward", "engine", "attempts",
+                  "scored", "passed", "pass@1", "plugin errors", "infra", "mean reward",
+                  "report", box=None)
+    for r in rows:
+        m = r.metrics
+        table.add_row(r.run_id, r.started, r.setting("harness"), r.setting("environment"),
+                      r.setting("reward"), r.setting("engine", "name"),
+                      f"{m.attempts} ({m.tasks} tasks x k={r.setting('k')})", str(m.scored),
+                      str(m.passed), "-" if 1 not in m.pass_at else f"{m.pass_at[1]:.3f}",
+                      str(m.plugin_errors), str(m.infra_failures),
+                      "-" if m.mean_reward is None else f"{m.mean_reward:.3f}",
+                      "yes" if r.reported else "no")
+    Console(width=220).print(table)
 
 
 @cli.command()
@@ -183,8 +267,25 @@ def train(config_path: Path | None, overrides: tuple[str, ...], backend: str | N
         return
 
     config = load_train_config(config_path, overrides, {"backend": backend})
-    trainer = plugin_registry.create("trainer", config.backend)
+    # Built with its options: a misspelt one is refused here, before any training.
+    trainer = plugin_registry.create("trainer", config.backend, **config.options)
     trainer.train(config)
+
+
+@cli.command("new-plugin")
+@click.argument("name")
+@click.option("--dir", "target", type=click.Path(path_type=Path, file_okay=False),
+              help="Where to write the package (default: ./openforge-NAME).")
+def new_plugin(name: str, target: Path | None) -> None:
+    """Write a working plugin package NAME: a harness, an environment, a reward, tests."""
+    from openforge.scaffold import OPENFORGE_REQUIREMENT
+    from openforge.scaffold import new_plugin as write
+
+    root = write(name, target)
+    click.echo(f"wrote {root}: harness, environment and reward '{name}', tests")
+    click.echo(f"it depends on {OPENFORGE_REQUIREMENT} (this repository's openforge; the name "
+               "on the package index is another project's). Next:")
+    click.echo(f"  pip install -e '{root}[test]' && (cd {root} && pytest)")
 
 
 @cli.command("check-template")

@@ -7,7 +7,7 @@ Precedence, lowest first: the embedded defaults below, the config file (`--confi
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from openforge.errors import OpenforgeError
+from openforge.options import describe_errors
 from openforge.types import SamplingParams
 
 T = TypeVar("T", bound=BaseModel)
@@ -91,21 +92,6 @@ class TrainConfig(_Strict):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
-OptionsT = TypeVar("OptionsT", bound=BaseModel)
-
-
-def plugin_options(model: type[OptionsT], options: Mapping[str, Any], what: str,
-                   error: type[Exception] = OpenforgeError) -> OptionsT:
-    """A plugin's `options` validated as `model`; on a bad one, `error` with one line that
-    names it: "<what> option <field>: <problem>" (`what`: "mini harness", "executor", ...)."""
-    try:
-        return model.model_validate(options)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise error(f"{what} option {where}: {err['msg']}") from None
-
-
 def read_config_file(path: Path) -> dict[str, Any]:
     """Parse a YAML (.yaml/.yml) or TOML (.toml) file into a dict."""
     if not path.exists():
@@ -126,8 +112,9 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def apply_override(data: dict[str, Any], assignment: str) -> None:
-    """Apply one `key.path=value` override in place; the value is parsed as YAML."""
+def apply_override(data: dict[str, Any], assignment: str) -> str:
+    """Apply one `key.path=value` override in place (the value is parsed as YAML); return
+    the dotted key."""
     if "=" not in assignment:
         raise ConfigError(f"--set {assignment!r}: expected key=value, e.g. --set engine.name=scripted")
     key, raw = assignment.split("=", 1)
@@ -139,14 +126,17 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     except yaml.YAMLError:
         value = raw
     apply_override_value(data, ".".join(parts), value)
+    return ".".join(parts)
 
 
-def _format_errors(source: str, exc: ValidationError) -> str:
-    problems = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        problems.append(f"{source}: {where}: {err['msg']}")
-    return "; ".join(problems)
+def _source_of(loc: tuple[str | int, ...], path: Path | None, overrides: dict[str, str]) -> str:
+    """Where the value at `loc` came from: the `--set` that set it (or a parent of it), else
+    the config file, else the defaults."""
+    dotted = ".".join(str(p) for p in loc)
+    for key, assignment in overrides.items():
+        if dotted == key or dotted.startswith(key + ".") or key.startswith(dotted + "."):
+            return f"--set {assignment}: "
+    return f"{path}: " if path else "config: "
 
 
 def build_config(
@@ -160,16 +150,17 @@ def build_config(
     `flags` maps dotted keys to values; None values (flags not given) are ignored.
     """
     data: dict[str, Any] = read_config_file(path) if path else {}
-    source = str(path) if path else "config"
+    given: dict[str, str] = {}  # dotted key -> the override that set it, for error labels
     for assignment in overrides:
-        apply_override(data, assignment)
+        given[apply_override(data, assignment)] = assignment
     for key, value in (flags or {}).items():
         if value is not None:
             apply_override_value(data, key, value)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(source, exc)) from None
+        problems = describe_errors(exc, model, lambda loc: _source_of(loc, path, given))
+        raise ConfigError("; ".join(problems)) from None
 
 
 def apply_override_value(data: dict[str, Any], key: str, value: Any) -> None:
@@ -193,3 +184,54 @@ def load_run_config(path: Path | None = None, overrides: list[str] | tuple[str, 
 def load_train_config(path: Path | None = None, overrides: list[str] | tuple[str, ...] = (),
                       flags: dict[str, Any] | None = None) -> TrainConfig:
     return build_config(TrainConfig, path, overrides, flags)
+
+
+# -- paths ---------------------------------------------------------------------------------
+
+_PLUGIN_SECTIONS = (("harness", "harness", "harness_options"),
+                    ("environment", "environment", "environment_options"),
+                    ("reward", "reward", "reward_options"),
+                    ("executor", "executor", "executor_options"))
+
+
+def _is_path_field(annotation: Any) -> bool:
+    if annotation is Path:
+        return True
+    return any(_is_path_field(arg) for arg in typing.get_args(annotation))
+
+
+def _absolute(value: Any, base: Path) -> Any:
+    if isinstance(value, str | Path) and str(value) and not Path(value).expanduser().is_absolute():
+        return str((base / Path(value).expanduser()).resolve())
+    return str(Path(value).expanduser()) if isinstance(value, Path) else value
+
+
+def resolve_paths(config: RunConfig, base: Path) -> RunConfig:
+    """`config` with every relative path made absolute against `base`.
+
+    `openforge run` stores config.yaml this way (`base`: the working directory), so that
+    `--resume` works from any folder; paths still relative in a config.yaml (written by
+    hand) are read relative to the run folder. A path is a `Path` field of the config or of
+    a plugin's options model, or `engine.model` when it names an existing folder.
+    """
+    from openforge import plugins
+
+    data = config.model_dump(mode="json")
+    data["runs_dir"] = _absolute(data["runs_dir"], base)
+    if data["gateway"].get("image_root"):
+        data["gateway"]["image_root"] = _absolute(data["gateway"]["image_root"], base)
+    model = data["engine"]["model"]
+    if not Path(model).expanduser().is_absolute() and (base / model).exists():
+        data["engine"]["model"] = _absolute(model, base)
+    sections = [(kind, data[key], data[options]) for kind, key, options in _PLUGIN_SECTIONS]
+    sections.append(("engine", data["engine"]["name"], data["engine"]["options"]))
+    for kind, name, options in sections:
+        try:
+            fields = plugins.options_model(kind, name).model_fields
+        except OpenforgeError:
+            continue  # an unknown plugin: `openforge run` says so on its own
+        for key, value in options.items():
+            if key in fields and value is not None and _is_path_field(fields[key].annotation):
+                options[key] = _absolute(value, base)
+    return RunConfig.model_validate(data)
+

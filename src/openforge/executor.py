@@ -6,10 +6,11 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
+from openforge.options import Plugin
 from openforge.types import RolloutResult, RolloutSpec
 
 
-class Executor(ABC):
+class Executor(Plugin, ABC):
     """Base class of executor plugins.
 
     `run` must enforce `spec.timeout_s` as a hard limit, leave no process or resource
@@ -21,10 +22,11 @@ class Executor(ABC):
 
     # True when sandboxes see this machine's files, so a harness program installed here
     # once (`Harness.install`, called by the runner) can run in every rollout.
+    kind = "executor"
     shares_filesystem: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
-        self.options = options
+        super().__init__(**options)
         self.protected: list[Path] = []
 
     def protect(self, *paths: Path) -> None:

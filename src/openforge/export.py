@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import BaseModel, Field
 
 from openforge.errors import OpenforgeError
 from openforge.store import Store, StoreError
@@ -34,7 +36,7 @@ from openforge.trajectory import (
     iter_session_calls,
     session_reward,
 )
-from openforge.types import Call, RolloutResult, Sample
+from openforge.types import Call, RolloutResult, Sample, Session, Task
 
 ExportFormat = Literal["verl", "sft", "samples"]
 FORMATS: tuple[str, ...] = ("verl", "sft", "samples")
@@ -50,6 +52,23 @@ BATCH_TOKENS = 256 * 1024
 
 class ExportError(OpenforgeError):
     """The run cannot be exported as asked (no store, bad output path, unknown format)."""
+
+
+class ExportResult(BaseModel):
+    """What an export wrote: the file, its rows, and how many sessions were left out, why."""
+
+    path: Path
+    rows: int
+    left_out: dict[str, int] = Field(default_factory=dict)
+
+    def note(self) -> str | None:
+        """One line saying why nothing was written, when nothing was."""
+        if self.rows:
+            return None
+        if not self.left_out:
+            return "0 rows: the store holds no recorded session for this run"
+        reasons = "; ".join(f"{why}: {n}" for why, n in sorted(self.left_out.items()))
+        return f"0 rows: every session was left out ({reasons})"
 
 
 # -- schemas -----------------------------------------------------------------------------
@@ -88,6 +107,8 @@ VERL_SCHEMA = pa.schema([
         ("reward", pa.float64()),
         ("passed", pa.bool_()),
         ("status", pa.string()),
+        ("split", pa.string()),
+        ("task_json", pa.string()),
     ])),
     ("agent_name", pa.string()),
     ("images", pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())]))),
@@ -144,7 +165,8 @@ One row per branch of a session's recorded calls (see `openforge.trajectory`).
 """,
     "verl": """# openforge veRL RL rows
 
-One row per rollout (session) of the run, infrastructure failures left out, in the layout
+One row per rollout (session) of the run, infrastructure failures and plugin errors left
+out, in the layout
 veRL's `RLHFDataset` reads. Dedupe by `extra_info.task_id` for a one-row-per-task dataset.
 
 | column | type | meaning |
@@ -152,8 +174,8 @@ veRL's `RLHFDataset` reads. Dedupe by `extra_info.task_id` for a one-row-per-tas
 | data_source | string | session metadata `data_source`, else `environment`, else `openforge` |
 | prompt | list<struct<role, content>> | the task prompt as one user message (session metadata `prompt`, else the first user message of the first call) |
 | ability | string | session metadata `ability`, else `agent` |
-| reward_model | struct<style, ground_truth> | style `rule`; ground_truth from session metadata (JSON text when not a string) |
-| extra_info | struct | index, task_id, rollout_id, session_id, run_id, reward, passed, status |
+| reward_model | struct<style, ground_truth> | style `rule`; ground_truth: the task's `data["ground_truth"]` (else session metadata `ground_truth`), JSON text when not a string, "" when none |
+| extra_info | struct | index, task_id, rollout_id, session_id, run_id, reward, passed, status, split, task_json (the whole Task as JSON, as `openforge train --backend verl` writes it: the veRL agent loop runs the task from it) |
 | agent_name | string | `openforge_agent`: the veRL agent loop that runs openforge |
 | images | list<struct<bytes, path>> | the images of the prompt's user message (exact bytes; path null), one `<image>` marker each at the start of the prompt text |
 """,
@@ -354,23 +376,61 @@ def _main_branch(samples: list[Sample], by_id: dict[str, Call]) -> Sample | None
     return max(main, key=lambda s: by_id[s.call_ids[-1]].index)
 
 
-def _ground_truth(value: Any) -> str:
+def ground_truth_text(value: Any) -> str:
+    """veRL's `reward_model.ground_truth`: the text, or JSON text of anything else; "" for none."""
     if value is None:
         return ""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
+def session_task(session: Session, prompt: str) -> Task:
+    """The Task a session ran: from its metadata (the runner records it), else rebuilt from
+    the session's task id and prompt."""
+    recorded = session.metadata.get("task")
+    if isinstance(recorded, dict):
+        try:
+            return Task.model_validate(recorded)
+        except ValueError:
+            pass
+    return Task(id=session.task_id, prompt=prompt)
+
+
 # -- the three exports -------------------------------------------------------------------
 
 
-def _write_samples(store: Store, writer: _BatchWriter, run_id: str | None,
-                   images: _ImageFiles) -> RunMetrics:
-    metrics = RunMetrics()
+def left_out_because(result: RolloutResult | None) -> str | None:
+    """Why a session is no training data, or None when it is: attempts the infrastructure
+    broke and attempts a plugin broke were never scored; nothing is trained on them."""
+    if result is None or result.is_scored:
+        return None
+    return "plugin errors" if result.is_plugin_failure else "infrastructure failures"
+
+
+def _training_sessions(store: Store, run_id: str | None, left_out: Counter[str]
+                       ) -> Iterator[tuple[Session | None, list[Call]]]:
+    """(session, calls) of every session with calls that is training data, streamed."""
     for session_id, calls in iter_session_calls(store, run_id):
-        session = store.get_session(session_id)
-        result = store.get_result(session_id)
-        if result is not None and not result.is_scored:
-            continue  # never train on an attempt that was not scored (infrastructure, plugin bug)
+        why = left_out_because(store.get_result(session_id))
+        if why is not None:
+            left_out[why] += 1
+            continue
+        yield store.get_session(session_id), calls
+
+
+def training_metrics(store: Store, run_id: str | None = None) -> tuple[RunMetrics, dict[str, int]]:
+    """What the samples export writes, counted without writing it: the trajectory metrics of
+    the sessions it keeps, and how many it leaves out, why (the report shows both)."""
+    metrics, left_out = RunMetrics(), Counter[str]()
+    for session, calls in _training_sessions(store, run_id, left_out):
+        reward = session_reward(store, session) if session else None
+        metrics.add(build_samples(calls, session, reward).metrics)
+    return metrics, dict(left_out)
+
+
+def _write_samples(store: Store, writer: _BatchWriter, run_id: str | None,
+                   images: _ImageFiles, left_out: Counter[str]) -> RunMetrics:
+    metrics = RunMetrics()
+    for session, calls in _training_sessions(store, run_id, left_out):
         reward = session_reward(store, session) if session else None
         built = build_samples(calls, session, reward)
         metrics.add(built.metrics)
@@ -381,11 +441,14 @@ def _write_samples(store: Store, writer: _BatchWriter, run_id: str | None,
     return metrics
 
 
-def _write_verl(store: Store, writer: _BatchWriter, run_id: str | None) -> None:
+def _write_verl(store: Store, writer: _BatchWriter, run_id: str | None,
+                left_out: Counter[str]) -> None:
     index = 0
     for session in store.list_sessions(run_id):
         result = store.get_result(session.id)
-        if result is not None and not result.is_scored:
+        why = left_out_because(result)
+        if why is not None:
+            left_out[why] += 1
             continue
         prompt = session.metadata.get("prompt")
         prompt_images: list[dict[str, Any]] = []
@@ -396,19 +459,24 @@ def _write_verl(store: Store, writer: _BatchWriter, run_id: str | None) -> None:
                 prompt_images = [_inline_image(store, sha) for sha in hashes]
                 prompt = IMAGE_MARKER * len(hashes) + prompt
         if prompt is None:
+            left_out["sessions without a prompt"] += 1
             continue  # nothing was asked: no row to train on
         reward = session_reward(store, session)
         meta = session.metadata
+        task = session_task(session, prompt)
+        truth = task.data.get("ground_truth", meta.get("ground_truth"))
         writer.add({
-            "data_source": meta.get("data_source") or meta.get("environment") or "openforge",
+            "data_source": meta.get("data_source") or task.environment or meta.get("environment")
+            or "openforge",
             "prompt": [{"role": "user", "content": prompt}],
             "ability": meta.get("ability") or "agent",
-            "reward_model": {"style": "rule", "ground_truth": _ground_truth(meta.get("ground_truth"))},
+            "reward_model": {"style": "rule", "ground_truth": ground_truth_text(truth)},
             "extra_info": {
                 "index": index, "task_id": session.task_id, "rollout_id": session.rollout_id,
                 "session_id": session.id, "run_id": session.run_id, "reward": reward,
                 "passed": (result.reward.passed if result and result.reward else None),
                 "status": result.status if result else None,
+                "split": task.split, "task_json": task.model_dump_json(),
             },
             "agent_name": AGENT_NAME,
             "images": prompt_images,
@@ -441,14 +509,14 @@ def _inline_image(store: Store, sha: str) -> dict[str, Any]:
 
 
 def _write_sft(store: Store, writer: _BatchWriter, run_id: str | None,
-               image_files: _ImageFiles) -> None:
-    for session_id, calls in iter_session_calls(store, run_id):
-        session = store.get_session(session_id)
+               image_files: _ImageFiles, left_out: Counter[str]) -> None:
+    for session, calls in _training_sessions(store, run_id, left_out):
         if session is None:
             continue
-        result = store.get_result(session_id)
+        result = store.get_result(session.id)
         reward = session_reward(store, session)
-        if (result is not None and not result.is_scored) or not _passed(result, reward):
+        if not _passed(result, reward):
+            left_out["did not pass (SFT rows come from passing rollouts only)"] += 1
             continue
         samples = build_samples(calls, session, reward).samples
         by_id = {c.id: c for c in calls}
@@ -470,7 +538,14 @@ def _write_sft(store: Store, writer: _BatchWriter, run_id: str | None,
 
 
 def export_run(run_dir: Path, fmt: ExportFormat | str, out: Path, run_id: str | None = None) -> Path:
-    """Export a run's recorded calls as parquet; returns the path of `out/data.parquet`.
+    """Export a run's recorded calls as parquet; returns the path of `out/data.parquet`
+    (see `export` for the row count)."""
+    return export(run_dir, fmt, out, run_id).path
+
+
+def export(run_dir: Path, fmt: ExportFormat | str, out: Path,
+           run_id: str | None = None) -> ExportResult:
+    """Export a run's recorded calls as parquet into `out/data.parquet`.
 
     `run_dir` is a run directory holding `store.sqlite`, or a .sqlite store file. `run_id`
     limits the export to one run of a shared store. The file is written under a temporary
@@ -492,14 +567,15 @@ def export_run(run_dir: Path, fmt: ExportFormat | str, out: Path, run_id: str | 
     try:
         writer = _BatchWriter(partial, SCHEMAS[fmt])
         image_files = _ImageFiles(store, out)
+        left_out: Counter[str] = Counter()
         try:
             metrics = None
             if fmt == "samples":
-                metrics = _write_samples(store, writer, run_id, image_files)
+                metrics = _write_samples(store, writer, run_id, image_files, left_out)
             elif fmt == "verl":
-                _write_verl(store, writer, run_id)
+                _write_verl(store, writer, run_id, left_out)
             else:
-                _write_sft(store, writer, run_id, image_files)
+                _write_sft(store, writer, run_id, image_files, left_out)
         finally:
             writer.close()
     except BaseException:
@@ -515,7 +591,7 @@ def export_run(run_dir: Path, fmt: ExportFormat | str, out: Path, run_id: str | 
         metrics_file.write_text(json.dumps(metrics.summary(), indent=2) + "\n")
     else:
         metrics_file.unlink(missing_ok=True)  # stale from an earlier samples export
-    return target
+    return ExportResult(path=target, rows=writer.rows_written, left_out=dict(left_out))
 
 
 def iter_rows(path: Path, batch_size: int = 1024) -> Iterator[dict[str, Any]]:

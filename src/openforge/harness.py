@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, Field
 
-from openforge.config import OptionsT, plugin_options
 from openforge.errors import OpenforgeError
+from openforge.options import Plugin
 from openforge.types import Task
 
 WireAPI = Literal["chat", "responses", "messages"]
@@ -20,6 +20,21 @@ class HarnessMissingError(OpenforgeError):
     """The harness program is not installed; the message says how to install it."""
 
 
+class McpServer(BaseModel):
+    """A stdio MCP server that offers the task's own tools: `command args...` with `env`.
+
+    An environment names them (`Environment.mcp_servers`); each harness that takes MCP
+    servers writes them into its own config, so the agent sees the tools as native tools.
+    The harness starts them, inside the agent's sandbox: the program must be on a path the
+    sandbox maps (openforge's Python, the harness's `program_paths`, the task's `data_paths`).
+    """
+
+    name: str
+    command: str
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
 class HarnessContext(BaseModel):
     """Where one rollout's harness runs and which endpoint it talks to.
 
@@ -27,7 +42,8 @@ class HarnessContext(BaseModel):
     there, never into the user's real HOME); `workspace` is the task's working directory;
     `base_url` is the session URL ending in `/v1` and `api_key` the session token (good for
     model calls in this session only). Both must reach the program through `Command.env` or
-    a file under `home`, never through its argv.
+    a file under `home`, never through its argv. `mcp_servers` are the task's tool servers,
+    for harnesses that take MCP servers.
     """
 
     task: Task
@@ -37,6 +53,7 @@ class HarnessContext(BaseModel):
     api_key: str
     model: str = "policy"
     timeout_s: float = 300.0
+    mcp_servers: list[McpServer] = Field(default_factory=list)
 
 
 class Command(BaseModel):
@@ -69,16 +86,14 @@ class HarnessOutput(BaseModel):
     error: str | None = None
 
 
-class Harness(ABC):
+class Harness(Plugin, ABC):
     """Base class of harness plugins. Subclasses set `wire_api` and implement `command`."""
 
     wire_api: ClassVar[WireAPI] = "chat"
     # True for harnesses that send images (screenshots): `openforge run` then refuses a
     # text-only model up front instead of failing every rollout with a 400.
     sends_images: ClassVar[bool] = False
-
-    def __init__(self, **options: Any) -> None:
-        self.options = options
+    kind = "harness"
 
     def check(self) -> None:
         """Raise `HarnessMissingError` (saying how to install it) when the program is missing."""
@@ -131,11 +146,6 @@ class Harness(ABC):
 # --- helpers shared by harness plugins -----------------------------------------------------
 
 HarnessT = TypeVar("HarnessT", bound=Harness)
-
-
-def validate_options(model: type[OptionsT], options: Mapping[str, Any], harness: str) -> OptionsT:
-    """`options` validated as `model`; a one-line `OpenforgeError` naming the first bad one."""
-    return plugin_options(model, options, f"{harness} harness")
 
 
 def merge_config(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -7,8 +7,9 @@ With `n` scored attempts of a task of which `c` passed:
 - pass^k = C(c, k) / C(n, k): the chance that all k drawn attempts pass.
 
 Both are exact (integer binomials via `math.comb`), so they do not drift for large n.
-Infrastructure failures are not attempts: the caller leaves them out of `n` and counts
-them separately.
+Only scored attempts (status `ok` or `harness_error`) are in `n`: infrastructure failures
+and plugin errors are counted apart, and `headline` states every rate with its denominator
+and what was left out, so no figure reads better than the run was.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class AttemptOutcome(StatusFlags, BaseModel):
 
 
 class TaskRow(BaseModel):
-    """Per-task aggregate: scored attempts, passes, infra failures, mean reward, pass@k."""
+    """Per-task aggregate: scored attempts, passes, infra failures, plugin errors, mean
+    reward, pass@k."""
 
     task_id: str
     n: int = 0
@@ -79,6 +81,20 @@ class MetricsSummary(BaseModel):
     pass_at: dict[int, float] = Field(default_factory=dict)
     pass_hat: dict[int, float] = Field(default_factory=dict)
     rows: list[TaskRow] = Field(default_factory=list)
+
+    def headline(self) -> str:
+        """The run in one line: pass@1 with its denominator, and what was left out."""
+        rate = "-" if 1 not in self.pass_at else f"{self.pass_at[1]:.3f}"
+        mean = "-" if self.mean_reward is None else f"{self.mean_reward:.3f}"
+        return (f"pass@1 {rate} over {self.scored} scored of {self.attempts} attempts "
+                f"({self.passed} passed, mean reward {mean}); left out: {self.plugin_errors} "
+                f"plugin errors, {self.infra_failures} infrastructure failures")
+
+    def progress(self) -> str:
+        """The same figures, short, for the progress bar."""
+        rate = f"{self.passed / self.scored:.0%}" if self.scored else "-"
+        return (f"pass {rate} of {self.scored} scored  plugin errors {self.plugin_errors}  "
+                f"infra failures {self.infra_failures}")
 
 
 def task_row(task_id: str, outcomes: list[AttemptOutcome], max_k: int) -> TaskRow:

@@ -172,7 +172,7 @@ class NpmHarness(Harness):
     @property
     def bin_option(self) -> str | None:
         """The option `bin`: a program to use instead of the package's."""
-        value = self.options.get("bin")
+        value = getattr(self.options, "bin", None)
         return str(value) if value is not None else None
 
     def install(self, log: Log = print) -> dict[str, Any]:

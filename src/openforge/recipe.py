@@ -8,12 +8,16 @@ from typing import Any
 
 from rich.console import Console
 
+from openforge.options import Plugin
 
-class Recipe(ABC):
-    """Base class of recipe plugins (the built-in `demo`; `claw` from openforge-claw)."""
 
-    def __init__(self, **options: Any) -> None:
-        self.options = options
+class Recipe(Plugin, ABC):
+    """Base class of recipe plugins (the built-in `demo`; `claw` from openforge-claw).
+
+    A recipe reads its knobs from its config file in `run`; it takes no plugin options.
+    """
+
+    kind = "recipe"
 
     @abstractmethod
     def run(self, config_path: Path | None, overrides: list[str] | tuple[str, ...],

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from openforge.environment import Environment
+from openforge.options import Plugin
 from openforge.types import Call, RewardResult, Task
 
 
-class Reward(ABC):
+class Reward(Plugin, ABC):
     """Base class of reward plugins.
 
     A reward that reads the trajectory sets `wants_calls = True`: the rollout supervisor then
@@ -23,10 +24,8 @@ class Reward(ABC):
     An exception it raises makes the attempt a `plugin_error` (not scored, not retried).
     """
 
+    kind = "reward"
     wants_calls: bool = False
-
-    def __init__(self, **options: Any) -> None:
-        self.options = options
 
     @abstractmethod
     def score(

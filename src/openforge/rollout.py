@@ -28,13 +28,20 @@ directory); the folder holding DIR and the user's HOME are always protected.
 
 Plugin names are looked up in the registry; a name of the form `module:attr` is imported
 directly (used by tests and benchmarks for throwaway plugins). The reward sees the
-environment's final state plus `final_answer` and `harness_status` (the harness's own
-account), unless the environment already set those keys.
+environment's final state plus `final_answer`, `harness_status` and `harness_transcript`
+(the harness's own account), unless the environment already set those keys.
+
+The task's own tool servers (`Environment.mcp_servers`, named after `prepare`) go to the
+harness in `HarnessContext.mcp_servers`; the harness starts them, so they run inside the
+agent's sandbox and reach what `prepare` started over loopback, like the harness itself.
 
 Statuses (`openforge.types`): the harness completed -> `ok`; failed on its own ->
 `harness_error`; the task's data changed under the agent -> `violation` (scored 0); the
-sandbox, the supervisor, the harness program or the engine failed -> `infra_error`; out
-of time -> `timeout`; environment, harness-adapter or reward code raised -> `plugin_error`.
+sandbox, the supervisor, the harness program or the engine failed, or a plugin could not be
+found or imported -> `infra_error`; out of time -> `timeout`; environment, harness-adapter
+or reward code raised -> `plugin_error` (not scored, not retried: a bug to fix), with an
+error that names the plugin, the stage and the method: "reward 'checker' raised
+ZeroDivisionError: ... while scoring (score)".
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from openforge import plugins
 from openforge.environment import Environment
 from openforge.errors import RolloutInfraError
 from openforge.executors.process import (
@@ -82,6 +90,9 @@ from openforge.sandbox.scrub import scrub
 from openforge.sandbox.view import build_view
 from openforge.types import Call, RewardResult, RolloutResult, RolloutSpec, RolloutStatus
 
+# Characters of the agent's stdout and stderr (each, the end) carried back in the result:
+# the run folder keeps them per attempt (logs/).
+AGENT_LOG_CHARS = 32 * 1024
 # Seconds kept back from the harness for final state, reward and reporting.
 _RESERVE_S = 10.0
 _STATUS: dict[str, RolloutStatus] = {"completed": "ok", "failed": "harness_error",
@@ -111,8 +122,6 @@ def build_plugin(kind: str, name: str, options: dict[str, Any]) -> Any:
     if ":" in name:
         module_name, attr = name.split(":", 1)
         return getattr(importlib.import_module(module_name), attr)(**options)
-    from openforge import plugins
-
     return plugins.create(kind, name, **options)
 
 
@@ -124,11 +133,14 @@ def _tail(path: Path, limit: int = 4000) -> str:
         return f.read().decode(errors="replace")
 
 
-def _plugin_failure(stage: str, exc: BaseException) -> _Stop:
-    """An exception from plugin code: a plugin bug (not retried) unless it says infrastructure."""
+def _plugin_failure(blame: str, stage: str, exc: BaseException) -> _Stop:
+    """An exception from the code of plugin `blame` (e.g. "reward 'checker'"): a plugin bug,
+    not retried, unless it says infrastructure (`RolloutInfraError`)."""
     print(traceback.format_exc(), file=sys.stderr)  # the executor keeps the stderr tail
-    status: RolloutStatus = "infra_error" if isinstance(exc, RolloutInfraError) else "plugin_error"
-    return _Stop(status, f"{stage} failed: {type(exc).__name__}: {exc}"[:2000])
+    what = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, RolloutInfraError):
+        return _Stop("infra_error", f"{stage} failed: {what}"[:2000])
+    return _Stop("plugin_error", f"{blame} raised {what} while {stage}"[:2000])
 
 
 def agent_layout(root: Path, agent: Path | None = None,
@@ -179,7 +191,11 @@ class Supervisor:
         self.agent_dir, self.workspace = agent_dir, workspace
         self.pass_env = pass_env or []
         self.protected = [*(protected or []), root.parent, Path.home()]
-        self.stage = "building the plugins"
+        self.stage = "loading the plugins"
+        # Who is to blame for an exception in each plugin's code.
+        self.blame = {"environment": f"environment '{spec.environment}'",
+                      "harness": f"harness '{spec.harness}'",
+                      "reward": f"reward '{spec.reward}'"}
 
     def run(self) -> RolloutResult:
         """Run the attempt end to end; never raises for plugin or sandbox failures."""
@@ -207,30 +223,44 @@ class Supervisor:
 
     def _build(self) -> tuple[Environment, Harness, Reward]:
         spec = self.spec
+        wanted = (("environment", spec.environment, spec.environment_options),
+                  ("harness", spec.harness, spec.harness_options),
+                  ("reward", spec.reward, spec.reward_options))
+
+        def missing(kind: str, name: str, exc: Exception) -> _Stop:
+            # Not installed where the supervisor runs (a Pod's image): infrastructure.
+            return _Stop("infra_error", f"loading the plugins failed: {kind} '{name}': "
+                                        f"{type(exc).__name__}: {exc}"[:2000])
+
+        # Finding and importing them is the infrastructure's business; what their code does
+        # from here on (their constructors included) is theirs.
+        for kind, name, _ in wanted:
+            try:
+                plugins.options_model(kind, name)
+            except Exception as exc:
+                raise missing(kind, name, exc) from None
         built = []
-        for kind, name, options in (("environment", spec.environment, spec.environment_options),
-                                    ("harness", spec.harness, spec.harness_options),
-                                    ("reward", spec.reward, spec.reward_options)):
+        for kind, name, options in wanted:
+            self.stage = f"building the {kind}"
             try:
                 built.append(build_plugin(kind, name, options))
-            except (ImportError, AttributeError, LookupError) as exc:
-                # Not installed where the supervisor runs (a Pod's image): infrastructure.
-                raise _Stop("infra_error", f"building the plugins failed: {kind} '{name}': "
-                                           f"{type(exc).__name__}: {exc}"[:2000]) from None
+            except ImportError as exc:  # a dependency it imports when built
+                raise missing(kind, name, exc) from None
             except Exception as exc:
-                raise _plugin_failure(f"building the {kind} '{name}'", exc) from None
+                raise _plugin_failure(self.blame[kind], self.stage, exc) from None
             if kind == "environment":
                 self._environment = built[0]
         return built[0], built[1], built[2]
 
-    def _call(self, stage: str, fn: Any, *args: Any) -> Any:
+    def _call(self, kind: str, stage: str, fn: Any, *args: Any) -> Any:
+        """`fn(*args)`, code of the `kind` plugin: what it raises is that plugin's error."""
         self.stage = stage
         try:
             return fn(*args)
         except (_Terminated, _Stop):
             raise
         except Exception as exc:
-            raise _plugin_failure(stage, exc) from None
+            raise _plugin_failure(self.blame[kind], stage, exc) from None
 
     def _attempt(self, started: float) -> dict[str, Any]:
         spec = self.spec
@@ -241,19 +271,24 @@ class Supervisor:
         ctx = HarnessContext(task=spec.task, workspace=workspace, home=home,
                              base_url=spec.session_url, api_key=spec.session_token,
                              model=spec.model, timeout_s=spec.timeout_s)
-        self._call("preparing the environment", environment.prepare, spec.task, workspace)
-        self.stage = "checking the harness"
+        self._call("environment", "preparing the environment (prepare)", environment.prepare,
+                   spec.task, workspace)
+        ctx.mcp_servers = self._call("environment", "listing the task's tool servers "
+                                     "(mcp_servers)", environment.mcp_servers, spec.task, workspace)
+        self.stage = "checking the harness (check)"
         try:
             harness.check()
         except HarnessMissingError as exc:
             raise _Stop("infra_error", f"harness missing: {exc}") from None
         except Exception as exc:
-            raise _plugin_failure(self.stage, exc) from None
-        self._call("preparing the harness", harness.prepare, ctx)
-        command = self._call("building the harness command", harness.command, ctx)
-        data = [Path(p) for p in self._call("listing the task's data", environment.data_paths,
-                                            spec.task)]
-        programs = self._call("listing the harness's program paths", harness.program_paths)
+            raise _plugin_failure(self.blame["harness"], self.stage, exc) from None
+        self._call("harness", "preparing the harness (prepare)", harness.prepare, ctx)
+        command = self._call("harness", "building the harness command (command)",
+                             harness.command, ctx)
+        data = [Path(p) for p in self._call("environment", "listing the task's data (data_paths)",
+                                            environment.data_paths, spec.task)]
+        programs = self._call("harness", "listing the harness's program paths (program_paths)",
+                              harness.program_paths)
         before = tamper.digest(data) if not self.isolating else {}
 
         self.stage = "running the harness"
@@ -291,15 +326,18 @@ class Supervisor:
         seal_session(spec)
         removed = scrub(dirs["AGENT"], view.sources(), view.masks)
         proc = ProcessOutput(returncode=exit_.returncode, stdout=_tail(out_path, 200_000),
-                             stderr=_tail(err_path, 20_000), timed_out=exit_.timed_out,
-                             duration_s=exit_.duration_s)
+                             stderr=_tail(err_path, max(20_000, AGENT_LOG_CHARS)),
+                             timed_out=exit_.timed_out, duration_s=exit_.duration_s)
 
-        output: HarnessOutput = self._call("parsing the harness output", harness.parse_output,
-                                           ctx, proc)
+        output: HarnessOutput = self._call("harness", "parsing the harness output (parse_output)",
+                                           harness.parse_output, ctx, proc)
         status = _STATUS[output.status]
         harness_output = output.model_dump(mode="json")
         harness_output.update(returncode=proc.returncode, stderr_tail=proc.stderr[-2000:],
-                              ended_processes=exit_.ended, removed_files=removed[:20])
+                              ended_processes=exit_.ended, removed_files=removed[:20],
+                              # The agent's own output, whatever became of the attempt.
+                              stdout=proc.stdout[-AGENT_LOG_CHARS:],
+                              stderr=proc.stderr[-AGENT_LOG_CHARS:])
         fields: dict[str, Any] = {"final_answer": output.final_answer,
                                   "harness_output": harness_output}
         violation = self._violation(data, before, fields)
@@ -311,20 +349,25 @@ class Supervisor:
         # attempt (openforge.sandbox.verifier), without the session token.
         with verifier.active(self.mode, view, dirs["AGENT"], self.root,
                              agent_env(dirs, {}, marker, self.pass_env)) as checks:
-            final_state = dict(self._call("capturing the final state", environment.final_state,
-                                          spec.task, workspace))
+            final_state = dict(self._call("environment",
+                                          "capturing the final state (final_state)",
+                                          environment.final_state, spec.task, workspace))
             # Rewards that judge the answer rather than the workspace read it from here.
             final_state.setdefault("final_answer", output.final_answer)
             final_state.setdefault("harness_status", output.status)
+            # The harness's own account of the conversation (e.g. OpenClaw's session events),
+            # for rewards that grade a transcript in the harness's format.
+            final_state.setdefault("harness_transcript", output.transcript)
             self.stage = "fetching the recorded calls"
             calls = fetch_calls(spec) if reward.wants_calls else None
-            verdict = self._call("scoring", reward.score, spec.task, environment, workspace,
-                                 final_state, calls)
+            verdict = self._call("reward", "scoring (score)", reward.score, spec.task,
+                                 environment, workspace, final_state, calls)
         removed += checks.removed
         harness_output["removed_files"] = removed[:20]
         if not isinstance(verdict, RewardResult):
-            raise _Stop("plugin_error", f"scoring failed: the reward returned "
-                                        f"{type(verdict).__name__}, not a RewardResult")
+            raise _Stop("plugin_error", f"{self.blame['reward']} returned "
+                                        f"{type(verdict).__name__}, not a RewardResult, while "
+                                        "scoring (score)")
         # What the checks ran of the agent's could have changed the data too.
         violation = self._violation(data, before, fields)
         if violation is not None:

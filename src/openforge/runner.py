@@ -6,7 +6,10 @@ A run lives in `runs/<run-id>/`:
 - `store.sqlite`  every session and recorded call (the gateway writes it);
 - `results.jsonl` one `AttemptRecord` per finished attempt, appended as attempts finish
                   (the source of truth for what is done);
+- `logs/`         the agent's stdout and stderr of each attempt (its last try);
 - `report.json`, `report.html` written at the end (`openforge report` rewrites them).
+
+docs/run-folder.md describes each file and the store's schema.
 
 Attempts run through the shared rollout stack (`openforge.attempts.RolloutStack`): a fresh
 gateway session per try, the executor's result checked against the attempt, stored with its
@@ -14,7 +17,8 @@ reward. Infrastructure failures (timeout, sandbox died, harness missing, engine 
 retried with a new session up to `max_infra_retries` times, unless the executor says another
 try cannot help (`RolloutResult.permanent`: an image that does not exist); if they persist
 the attempt is recorded as an infra failure, which pass rates exclude and the report shows
-apart. Never as a reward of 0. Statuses and which are scored: `openforge.types`.
+apart. Never as a reward of 0. A plugin error is neither retried nor scored, and counted apart
+too. Statuses and which are scored: `openforge.types`.
 
 An attempt is identified by (run id, task, attempt index). On `--resume`, an attempt whose
 last try's sandbox outlived the old process (a Kubernetes Pod) continues that try (the
@@ -27,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -49,7 +54,7 @@ from rich.progress import (
 from rich.table import Table
 
 from openforge.attempts import Attempt, RolloutStack
-from openforge.config import RunConfig
+from openforge.config import RunConfig, resolve_paths
 from openforge.errors import OpenforgeError
 from openforge.executor import Executor
 from openforge.metrics import AttemptOutcome, MetricsSummary, summarize
@@ -59,6 +64,7 @@ from openforge.types import StatusFlags, Task
 CONFIG_FILE = "config.yaml"
 RESULTS_FILE = "results.jsonl"
 STORE_FILE = "store.sqlite"
+LOGS_DIR = "logs"
 _TABLE_ROWS = 40  # per-task rows printed at the end; the report has them all
 
 
@@ -91,11 +97,13 @@ class AttemptRecord(StatusFlags, BaseModel):
     session_ids: list[str] = Field(default_factory=list)  # every try's session, last = this one
     prompt: str = ""
     sandbox: str = ""  # how the agent was isolated: bwrap, namespaces, none (in a Pod: inside it)
+    # The agent's stdout / stderr as files of the run folder (`logs/...`), relative to it.
+    logs: dict[str, str] = Field(default_factory=dict)
     finished_at: float = Field(default_factory=time.time)
 
-
     @classmethod
-    def of(cls, task: Task, attempt_no: int, attempt: Attempt) -> AttemptRecord:
+    def of(cls, task: Task, attempt_no: int, attempt: Attempt,
+           logs: dict[str, str] | None = None) -> AttemptRecord:
         """The record of one finished attempt of the stack."""
         result, reward = attempt.result, attempt.result.reward
         return cls(
@@ -105,7 +113,7 @@ class AttemptRecord(StatusFlags, BaseModel):
             reward_details=reward.details if reward else {}, final_answer=result.final_answer,
             error=result.error, duration_s=result.duration_s, tries=attempt.tries,
             infra_errors=attempt.infra_errors, session_ids=attempt.session_ids,
-            prompt=task.prompt, sandbox=result.sandbox)
+            prompt=task.prompt, sandbox=result.sandbox, logs=logs or {})
 
     def outcome(self) -> AttemptOutcome:
         return AttemptOutcome(task_id=self.task_id, attempt=self.attempt, status=self.status,
@@ -121,6 +129,22 @@ class RunSummary(BaseModel):
     report_paths: list[Path] = Field(default_factory=list)
     attempts_run: int = 0  # attempts finished by this invocation (not counting resumed ones)
     elapsed_s: float = 0.0
+
+
+def write_agent_logs(run_dir: Path, rollout_id: str, harness_output: dict[str, Any]) -> dict[str, str]:
+    """Keep the agent's stdout and stderr as `logs/<rollout id>.<stream>.txt`; return the
+    paths written, relative to the run folder (what report.html links to)."""
+    written: dict[str, str] = {}
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", rollout_id)
+    for stream in ("stdout", "stderr"):
+        text = harness_output.get(stream)
+        if not isinstance(text, str):
+            continue
+        rel = f"{LOGS_DIR}/{safe}.{stream}.txt"
+        (run_dir / LOGS_DIR).mkdir(exist_ok=True)
+        (run_dir / rel).write_text(text)
+        written[stream] = rel
+    return written
 
 
 def new_run_id() -> str:
@@ -263,16 +287,16 @@ class Runner:
 
     async def attempt(self, stack: RolloutStack, task: Task, attempt: int) -> AttemptRecord:
         """One attempt of `task` through a started stack, as a results.jsonl record."""
-        return AttemptRecord.of(task, attempt, await stack.attempt(task, attempt, self.run_id))
+        done = await stack.attempt(task, attempt, self.run_id)
+        logs = write_agent_logs(self.run_dir, done.rollout_id, done.result.harness_output)
+        return AttemptRecord.of(task, attempt, done, logs)
 
     # -- the loop --------------------------------------------------------------------------
 
     def _stats(self, executor: Executor | None = None) -> str:
-        scored = [r for r in self.records if r.is_scored]
-        infra = len(self.records) - len(scored)
-        rate = f"{sum(r.passed for r in scored) / len(scored):.0%}" if scored else "-"
+        line = summarize([r.outcome() for r in self.records], self.config.k).progress()
         waiting = executor.progress() if executor is not None else ""
-        return f"pass {rate}  infra failures {infra}" + (f"  ({waiting})" if waiting else "")
+        return line + (f"  ({waiting})" if waiting else "")
 
     async def run(self) -> RunSummary:
         from openforge.gateway.server import Gateway
@@ -367,12 +391,13 @@ class Runner:
                           elapsed_s=time.monotonic() - started)
 
     def print_summary(self, metrics: MetricsSummary, paths: list[Path]) -> None:
-        tasks = Table("task", "attempts", "passed", "infra", "mean reward", box=None,
-                      title="per task")
+        tasks = Table("task", "scored", "passed", "plugin errors", "infra", "mean reward",
+                      box=None, title="per task")
         shown = metrics.rows[:_TABLE_ROWS]
         for row in shown:
             mean = "-" if row.mean_reward is None else f"{row.mean_reward:.2f}"
-            tasks.add_row(row.task_id, str(row.n), str(row.passed), str(row.infra_failures), mean)
+            tasks.add_row(row.task_id, str(row.n), str(row.passed), str(row.plugin_errors),
+                          str(row.infra_failures), mean)
         self.console.print(tasks)
         if len(metrics.rows) > len(shown):
             self.console.print(f"... and {len(metrics.rows) - len(shown)} more tasks in the report")
@@ -380,30 +405,44 @@ class Runner:
         for k in sorted(metrics.pass_at):
             table.add_row(str(k), f"{metrics.pass_at[k]:.3f}", f"{metrics.pass_hat[k]:.3f}")
         self.console.print(table)
-        mean = "-" if metrics.mean_reward is None else f"{metrics.mean_reward:.3f}"
-        self.console.print(f"{metrics.scored} scored attempts, {metrics.passed} passed, "
-                           f"{metrics.infra_failures} infra failures (excluded), mean reward {mean}")
+        self.console.print(metrics.headline(), markup=False, highlight=False)
+        errors = [r for r in self.records if r.is_plugin_failure]
+        if errors:
+            # A bug in a plugin, not the agent's doing: say so where it cannot be missed.
+            self.console.print(f"[bold red]{len(errors)} attempts ended in a plugin error "
+                               "(not scored, not retried); fix the plugin. First:[/bold red]")
+            self.console.print(f"  {errors[0].task_id}.{errors[0].attempt}: {errors[0].error}",
+                               markup=False, highlight=False)
         report_json = next((p for p in paths if p.suffix == ".json"), None)
         trajectories = json.loads(report_json.read_text()).get("trajectories") if report_json else None
         if trajectories:
             branches = ", ".join(f"{reason} {n}" for reason, n in
                                  sorted(trajectories["branches_opened"].items())) or "none"
+            left = ", ".join(f"{why} {n}" for why, n in
+                             sorted((trajectories.get("sessions_left_out") or {}).items()))
             self.console.print(
-                f"training data: {trajectories['calls_recorded']} recorded calls -> "
+                f"training data (what openforge export writes): "
+                f"{trajectories['calls_recorded']} recorded calls -> "
                 f"{trajectories['samples']} samples ({trajectories['samples_per_session']:.2f} per "
                 f"session; extra branches: {branches}; exact token ids on "
-                f"{100 * trajectories['exact_token_fraction']:.0f}% of calls)")
+                f"{100 * trajectories['exact_token_fraction']:.0f}% of calls); sessions left "
+                f"out: {left or 'none'}")
         for path in paths:
             self.console.print(f"report: {path}")
 
 
 def prepare_run_dir(config: RunConfig, resume: Path | None) -> tuple[RunConfig, Path]:
-    """Create the run directory (or reopen it for `--resume`) and write config.yaml."""
+    """Create the run directory (or reopen it for `--resume`) and write config.yaml.
+
+    config.yaml holds absolute paths; on `--resume`, a relative one is read relative to the
+    run folder, so a run resumes from whatever the working directory.
+    """
     if resume is not None:
         run_dir = resume.resolve()
-        config = load_run_dir_config(run_dir)
+        config = resolve_paths(load_run_dir_config(run_dir), run_dir)
         config = config.model_copy(update={"run_id": config.run_id or run_dir.name})
         return config, run_dir
+    config = resolve_paths(config, Path.cwd())
     run_id = config.run_id or new_run_id()
     run_dir = (Path(config.runs_dir) / run_id).resolve()
     if (run_dir / RESULTS_FILE).exists():

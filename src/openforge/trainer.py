@@ -5,12 +5,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+from openforge.options import Plugin
 
-class Trainer(ABC):
-    """Base class of trainer plugins (`local` on one machine, `verl` on clusters)."""
 
-    def __init__(self, **options: Any) -> None:
-        self.options = options
+class Trainer(Plugin, ABC):
+    """Base class of trainer plugins (`local` on one machine, `verl` on clusters).
+
+    `options_model` is the model of `TrainConfig.options` (`openforge train --set
+    options.KEY=VALUE`); the trainer is built with them, so they are checked before training.
+    """
+
+    kind = "trainer"
 
     @abstractmethod
     def train(self, config: Any) -> None:

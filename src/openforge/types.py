@@ -28,7 +28,12 @@ class Task(BaseModel):
 
 
 class SamplingParams(BaseModel):
-    """How the policy samples. The gateway fills unset values from the request."""
+    """How the policy samples. The gateway fills unset values from the request.
+
+    A name it does not know is refused (`sampling.temprature` must not be dropped silently).
+    """
+
+    model_config = ConfigDict(extra="forbid")
 
     temperature: float = 1.0
     top_p: float = 1.0

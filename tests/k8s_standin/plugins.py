@@ -15,13 +15,20 @@ from typing import Any
 from openforge.environment import Environment
 from openforge.harness import Command, Harness, HarnessContext
 from openforge.types import RewardResult, Task
+from openforge.options import PluginOptions
+
+
+class WaitOptions(PluginOptions):
+    seconds: float = 3.0
 
 
 class WaitHarness(Harness):
     """Sleeps `seconds` (harness option), then writes ok.txt: a rollout that takes a while."""
 
+    options_model = WaitOptions
+
     def command(self, ctx: HarnessContext) -> Command:
-        seconds = float(self.options.get("seconds", 3))
+        seconds = self.options.seconds
         script = f"import time; time.sleep({seconds}); open('ok.txt', 'w').write('ok'); print('waited')"
         return Command(argv=[sys.executable, "-c", script], cwd=ctx.workspace)
 
@@ -82,12 +89,19 @@ print("attacked")
 '''
 
 
+class AttackOptions(PluginOptions):
+    rollout: str
+    canary: str
+
+
 class AttackHarness(Harness):
     """The adversary above (`rollout`: the rollout id to forge, `canary`: a host file)."""
 
+    options_model = AttackOptions
+
     def command(self, ctx: HarnessContext) -> Command:
-        return Command(argv=[sys.executable, "-c", _ATTACK, self.options["rollout"],
-                             self.options["canary"]], cwd=ctx.workspace)
+        return Command(argv=[sys.executable, "-c", _ATTACK, self.options.rollout,
+                             self.options.canary], cwd=ctx.workspace)
 
 
 class AttackEnv(Environment):
@@ -145,11 +159,17 @@ print(first, second)
 '''
 
 
+class AcrossRestartOptions(PluginOptions):
+    patience: float = 120.0
+
+
 class AcrossRestartHarness(Harness):
     """Two model calls, one before its orchestrator dies and one after it is back (`patience`
     seconds at most)."""
 
+    options_model = AcrossRestartOptions
+
     def command(self, ctx: HarnessContext) -> Command:
         return Command(argv=[sys.executable, "-c", _ACROSS_RESTART,
-                             str(self.options.get("patience", 120))], cwd=ctx.workspace,
+                             str(self.options.patience)], cwd=ctx.workspace,
                        env={"OPENAI_BASE_URL": ctx.base_url, "OPENAI_API_KEY": ctx.api_key})

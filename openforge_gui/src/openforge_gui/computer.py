@@ -29,12 +29,13 @@ import threading
 from abc import ABC, abstractmethod
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from openforge.environment import Environment
+from openforge.options import PluginOptions
 from openforge.types import Task
 from openforge_gui.actions import ACTION_ADAPTER, FINAL_TYPES, Action, format_action
 
@@ -342,20 +343,30 @@ class ComputerClient:
 
 # --- the environment base class -----------------------------------------------------------
 
+class ComputerOptions(PluginOptions):
+    """Options every computer environment takes (a subclass adds its own and its defaults)."""
+
+    max_steps: int = Field(default=30, ge=1)
+    """Actions per episode at most (a task's own `max_steps` wins)."""
+    keep_screens: bool = True
+    """Keep a screenshot after each step under `.openforge/screens/` (judges read them)."""
+
+
 class ComputerEnvironment(Environment):
     """An environment whose rollouts drive a screen through the computer API.
 
     Subclasses implement `tasks` and `open_computer(task, workspace)`; this class serves the
     computer per rollout, writes `.openforge/computer.json`, records the episode into the
     final state (`episode`: steps, answer, history with screenshot paths) and closes it all.
-    Options: `max_steps` (default 30), `keep_screens` (default true: screenshots after each
-    step under `.openforge/screens/`, which judges read).
     """
+
+    options_model: ClassVar[type[ComputerOptions]] = ComputerOptions
+    options: ComputerOptions
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.max_steps = int(options.get("max_steps", 30))
-        self.keep_screens = bool(options.get("keep_screens", True))
+        self.max_steps = self.options.max_steps
+        self.keep_screens = self.options.keep_screens
         self.episode: Episode | None = None
         self.server: ComputerServer | None = None
 

@@ -36,10 +36,10 @@ class GuiAgentHarness(AgentProgramHarness):
     options_model: ClassVar[type[AgentProgramOptions]] = GuiAgentOptions
     task_file: ClassVar[str] = "gui_task.txt"
     transcript_file: ClassVar[str] = "gui_transcript.json"
-    config: GuiAgentOptions
+    options: GuiAgentOptions
 
     def extra_arguments(self) -> list[str]:
-        return ["--history", str(self.config.history)] + (["--tools"] if self.config.tools else [])
+        return ["--history", str(self.options.history)] + (["--tools"] if self.options.tools else [])
 
     def final_answer(self, stdout: str) -> str | None:
         """The `answer` of the program's last line, the final JSON."""

@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from openforge.config import plugin_options
 from openforge.environment import Environment
 from openforge.errors import OpenforgeError
+from openforge.options import PluginOptions
 from openforge.reward import Reward
 from openforge.types import Call, RewardResult, Task
 
@@ -65,8 +65,8 @@ class JudgeError(OpenforgeError):
     """The judge model could not be reached or answered nothing usable."""
 
 
-class WebJudgeOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class WebJudgeOptions(PluginOptions):
+    """Options of the web judge rewards (`reward_options`)."""
 
     model: str | None = None
     api_base: str | None = None
@@ -106,10 +106,12 @@ class WebJudgeReward(Reward):
     label: ClassVar[str] = "webjudge"
     default_model: ClassVar[str | None] = None  # None: the `model` option is required
 
+    options_model = WebJudgeOptions
+    options: WebJudgeOptions
+
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.config = plugin_options(WebJudgeOptions, options, f"{self.label} reward")
-        model = self.config.model or self.default_model
+        model = self.options.model or self.default_model
         if not model:
             raise OpenforgeError(f"the {self.label} reward needs a judge model: --set "
                                  "reward_options.model=openai/o4-mini (any litellm model name)")
@@ -119,7 +121,7 @@ class WebJudgeReward(Reward):
              records: list[dict[str, Any]]) -> str:
         import litellm
 
-        c = self.config
+        c = self.options
         kwargs: dict[str, Any] = {"model": self.model, "timeout": c.timeout_s, "num_retries": 2,
                                   "messages": [{"role": "user", "content": content}]}
         for key in ("api_base", "api_key", "temperature", "max_tokens"):
@@ -143,7 +145,7 @@ class WebJudgeReward(Reward):
 
     def score(self, task: Task, environment: Environment, workspace: Path,
               final_state: dict[str, Any], calls: list[Call] | None = None) -> RewardResult:
-        log = Path(self.config.log) if self.config.log else workspace / ".openforge" / "judge.jsonl"
+        log = Path(self.options.log) if self.options.log else workspace / ".openforge" / "judge.jsonl"
         log.parent.mkdir(parents=True, exist_ok=True)
         records: list[dict[str, Any]] = []
         episode = final_state.get("episode") or {}
@@ -164,8 +166,8 @@ class WebJudgeReward(Reward):
             found = _last(r"score\W*([1-5])", reply)
             # 0: no score could be read, apart from a score the judge gave.
             scored.append((entry["step"], png, int(found) if found else 0))
-        kept = [s for s in scored if s[2] >= self.config.score_threshold]
-        key = kept[-self.config.max_screens:] if self.config.max_screens else []
+        kept = [s for s in scored if s[2] >= self.options.score_threshold]
+        key = kept[-self.options.max_screens:] if self.options.max_screens else []
         actions = "\n".join(f"{h['step']}. {h['action_text']}" + ("" if h.get("ok") else
                                                                    f" (failed: {h.get('error')})")
                             for h in history if h.get("action", {}).get("type") != "answer")

@@ -22,14 +22,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from openforge.errors import OpenforgeError
 from openforge.types import Task
 from openforge_gui.browser import BrowserComputer
-from openforge_gui.computer import ComputerEnvironment
+from openforge_gui.computer import ComputerEnvironment, ComputerOptions
 
 
 class TaskFileError(OpenforgeError):
@@ -111,20 +111,36 @@ def load_online_mind2web(path: Path, environment: str = "online-mind2web") -> li
     return load_records(path, OnlineMind2WebRecord, environment)
 
 
+class WebTaskOptions(ComputerOptions):
+    """Options of the live-web environments."""
+
+    max_steps: int = Field(default=15, ge=1)
+    """Actions per episode at most."""
+    path: Path | None = None
+    """The task file (required)."""
+    width: int = Field(default=1024, ge=1)
+    """Browser viewport width."""
+    height: int = Field(default=768, ge=1)
+    """Browser viewport height."""
+    chromium: str | None = None
+    """The Chromium binary (default: found on PATH)."""
+
+
 class WebTaskEnvironment(ComputerEnvironment):
     """Base of the live-web task sets: a fresh browser per rollout at the task's start URL."""
 
     name = "web"
+    options_model: ClassVar[type[WebTaskOptions]] = WebTaskOptions
+    options: WebTaskOptions
 
     def __init__(self, **options: Any) -> None:
-        options.setdefault("max_steps", 15)
         super().__init__(**options)
-        if not options.get("path"):
+        if not self.options.path:
             raise OpenforgeError(f"the {self.name} environment needs its task file: "
                                  f"--set environment_options.path=FILE")
-        self.path = Path(str(options["path"])).expanduser()
-        self.width = int(options.get("width", 1024))
-        self.height = int(options.get("height", 768))
+        self.path = self.options.path.expanduser()
+        self.width = self.options.width
+        self.height = self.options.height
 
     def load(self) -> list[Task]:
         raise NotImplementedError
@@ -137,7 +153,7 @@ class WebTaskEnvironment(ComputerEnvironment):
         return str(task.data["start_url"])
 
     def open_computer(self, task: Task, workspace: Path) -> BrowserComputer:
-        computer = BrowserComputer(self.width, self.height, chromium=self.options.get("chromium"))
+        computer = BrowserComputer(self.width, self.height, chromium=self.options.chromium)
         try:
             computer.open(self.start_url(task))
         except Exception:

@@ -21,6 +21,9 @@ def register_harnesses(register: Register) -> None:
 def register_environments(register: Register) -> None:
     register("demo", lazy("openforge.builtin.demo:DemoEnvironment"),
              "Small workspace tasks (files, commands, a failing script) with programmatic checkers.")
+    register("tasks", lazy("openforge.builtin.tasks:TasksEnvironment"),
+             "Your task set from JSONL / YAML / JSON files, a folder, or a `datasets` dataset; "
+             "checked by a command, a file comparison or a Python function.")
 
 
 @hookimpl

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from openforge.harness import (
     Command,
@@ -26,21 +26,22 @@ from openforge.harness import (
     HarnessOutput,
     ProcessOutput,
     WireAPI,
-    validate_options,
 )
+from openforge.options import PluginOptions
 
 TRANSCRIPT = "mini_transcript.json"
 TASK_FILE = "mini_task.txt"
 
 
-class AgentProgramOptions(BaseModel):
+class AgentProgramOptions(PluginOptions):
     """The options every agent program takes; a subclass adds its own and its defaults."""
 
-    model_config = ConfigDict(extra="forbid")
-
     max_steps: int = Field(default=6, ge=1)
+    """Model calls at most; the agent stops with an error after the last one."""
     max_tokens: int = Field(default=256, ge=1)
+    """max_tokens of each model call."""
     temperature: float | None = None
+    """Sampling temperature of each call (None: the run's `sampling.temperature`)."""
 
 
 class MiniOptions(AgentProgramOptions):
@@ -59,12 +60,9 @@ class AgentProgramHarness(Harness):
     label: ClassVar[str] = "mini"  # in option errors and in the statuses' messages
     program: ClassVar[str] = "openforge.builtin.mini_agent"
     options_model: ClassVar[type[AgentProgramOptions]] = MiniOptions
+    options: AgentProgramOptions
     task_file: ClassVar[str] = TASK_FILE
     transcript_file: ClassVar[str] = TRANSCRIPT
-
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
-        self.config = validate_options(self.options_model, options, self.label)
 
     def prepare(self, ctx: HarnessContext) -> None:
         (ctx.home / self.task_file).write_text(ctx.task.prompt)
@@ -78,10 +76,10 @@ class AgentProgramHarness(Harness):
         argv = [sys.executable, "-m", self.program,
                 "--task-file", str(ctx.home / self.task_file), "--workspace", str(ctx.workspace),
                 "--transcript", str(ctx.home / self.transcript_file),
-                "--model", ctx.model, "--max-steps", str(self.config.max_steps),
-                "--max-tokens", str(self.config.max_tokens)]
-        if self.config.temperature is not None:
-            argv += ["--temperature", str(self.config.temperature)]
+                "--model", ctx.model, "--max-steps", str(self.options.max_steps),
+                "--max-tokens", str(self.options.max_tokens)]
+        if self.options.temperature is not None:
+            argv += ["--temperature", str(self.options.temperature)]
         argv += self.extra_arguments()
         # The agent's `python` is the interpreter openforge runs on, whatever PATH says.
         path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", os.defpath)])

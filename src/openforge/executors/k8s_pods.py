@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kubernetes_asyncio.client import models as k8s
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from openforge.executors.k8s_sandbox import AGENT, READY, SUPERVISOR, VERIFIER
+from openforge.options import PluginOptions
 from openforge.sandbox.protocol import (
     AGENT_DIR_ENV,
     SPEC_FILE_ENV,
@@ -51,12 +52,11 @@ MOUNTS = {"workspace": "/openforge/workspace", "agent": "/openforge/agent",
 MAX_SPEC_BYTES = 700_000
 
 
-class KubernetesOptions(BaseModel):
+class KubernetesOptions(PluginOptions):
     """Options of the `kubernetes` executor (`executor_options` in the run config)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    image: str  # the rollout image (deploy/kubernetes/Dockerfile), digest-pinned ideally
+    image: str
+    """the rollout image, see deploy/kubernetes/Dockerfile; digest-pinned ideally"""
     kubeconfig: Path | None = None  # None: in-cluster service account, else $KUBECONFIG
     context: str | None = None
     namespace: str = "default"

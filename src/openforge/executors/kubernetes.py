@@ -49,8 +49,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from openforge.errors import OpenforgeError
 from openforge.executor import Executor
 from openforge.types import RolloutResult, RolloutSpec
@@ -196,16 +194,12 @@ class _SecretReaper:
 class KubernetesExecutor(Executor):
     """One bare Pod per attempt on a Kubernetes cluster; the result in its status."""
 
+    options_model = KubernetesOptions
+    options: KubernetesOptions
+
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        try:
-            self.config = KubernetesOptions.model_validate(options)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
-            hint = " (the rollout image, see deploy/kubernetes/Dockerfile)" if where == "image" else ""
-            raise KubernetesExecutorError(
-                f"kubernetes executor option {where}: {err['msg']}{hint}") from None
+        self.config = self.options
         _check_kubeconfig(self.config.kubeconfig)
         self._api: KubeApi | None = None
         self._scopes: dict[str, _RunScope] = {}

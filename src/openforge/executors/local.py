@@ -37,9 +37,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import psutil
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
-from openforge.config import plugin_options
 from openforge.errors import OpenforgeError
 from openforge.executor import Executor
 from openforge.executors.process import (
@@ -48,6 +47,7 @@ from openforge.executors.process import (
     kill_tree,
     make_undumpable,
 )
+from openforge.options import PluginOptions
 from openforge.sandbox.modes import (
     SandboxUnavailable,
     bwrap_path,
@@ -72,20 +72,26 @@ class LocalExecutorError(OpenforgeError):
     """The local executor was configured in a way it cannot honour."""
 
 
-class LocalOptions(BaseModel):
+class LocalOptions(PluginOptions):
     """Options of the `local` executor (`executor_options` in the run config)."""
 
-    model_config = ConfigDict(extra="forbid")
-
     sandbox: Literal["auto", "bwrap", "namespaces", "none"] = "auto"
-    grace_s: float = 2.0  # SIGTERM -> SIGKILL
-    # Extra seconds past spec.timeout_s before the executor kills the rollout itself
-    # (the supervisor enforces the harness timeout and needs a moment to report).
+    """How the agent is isolated: bwrap (bubblewrap or refuse), namespaces (unprivileged
+    user/mount/PID namespaces or refuse), auto (bwrap, else namespaces, else none), none
+    (process groups only: no isolation, see docs/sandboxing.md)."""
+    grace_s: float = 2.0
+    """Seconds between SIGTERM and SIGKILL."""
     kill_margin_s: float = 15.0
+    """Extra seconds past the rollout timeout before the executor kills the rollout itself
+    (the rollout enforces the harness timeout and needs a moment to report)."""
     keep_dirs: bool = False
+    """Keep each rollout's folder (HOME, workspace) after it ends, for debugging."""
     base_dir: Path | None = None
+    """Where rollout folders are made (default: the system temp dir)."""
     python: str = sys.executable
-    pass_env: list[str] = Field(default_factory=list)  # extra variables rollouts may see
+    """The interpreter that runs `python -m openforge.rollout`."""
+    pass_env: list[str] = Field(default_factory=list)
+    """Extra environment variables rollouts may see (never credentials)."""
 
     @field_validator("pass_env")
     @classmethod
@@ -105,10 +111,12 @@ class LocalExecutor(Executor):
     """One supervisor per rollout on this machine; the agent in bubblewrap or namespaces."""
 
     shares_filesystem = True  # rollouts run here: harness programs are installed once, here
+    options_model = LocalOptions
+    options: LocalOptions
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.config = plugin_options(LocalOptions, options, "executor", LocalExecutorError)
+        self.config = self.options
         try:
             self.mode = resolve(self.config.sandbox)
         except SandboxUnavailable as exc:

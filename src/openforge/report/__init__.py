@@ -62,6 +62,7 @@ def _build(run_dir: Path) -> tuple[dict[str, Any], dict[str, list[Call]]]:
             "tasks": metrics.tasks, "k": k, "attempts": metrics.attempts, "scored": metrics.scored,
             "passed": metrics.passed, "infra_failures": metrics.infra_failures,
             "plugin_errors": metrics.plugin_errors, "mean_reward": metrics.mean_reward,
+            "headline": metrics.headline(),
         },
         "sandbox": _sandbox(records),
         "pass_at_k": {str(key): v for key, v in metrics.pass_at.items()},
@@ -72,7 +73,7 @@ def _build(run_dir: Path) -> tuple[dict[str, Any], dict[str, list[Call]]]:
              "passed": r.passed, "error": r.error, "final_answer": r.final_answer,
              "duration_s": r.duration_s, "tries": r.tries, "infra_errors": r.infra_errors,
              "session_id": r.session_id, "rollout_id": r.rollout_id,
-             "reward_details": r.reward_details, "sandbox": r.sandbox}
+             "reward_details": r.reward_details, "logs": r.logs, "sandbox": r.sandbox}
             for r in sorted(records, key=lambda r: (r.task_id, r.attempt))
         ],
         "trajectories": _trajectory_metrics(run_dir),
@@ -83,20 +84,23 @@ def _build(run_dir: Path) -> tuple[dict[str, Any], dict[str, list[Call]]]:
 
 
 def _trajectory_metrics(run_dir: Path) -> dict[str, Any] | None:
-    """How the recorded calls merge into training samples (branches and why, exact tokens)."""
+    """How the recorded calls merge into training samples (branches and why, exact tokens),
+    counted the way `openforge export` writes them: over the sessions it keeps, with the
+    ones it leaves out (infrastructure failures, plugin errors) counted apart."""
     from openforge.runner import STORE_FILE
 
     path = run_dir / STORE_FILE
     if not path.exists():
         return None
+    from openforge.export import training_metrics
     from openforge.store import Store
-    from openforge.trajectory import run_metrics
 
     store = Store(path)
     try:
-        return run_metrics(store).model_dump(mode="json")
+        metrics, left_out = training_metrics(store)
     finally:
         store.close()
+    return {**metrics.model_dump(mode="json"), "sessions_left_out": left_out}
 
 
 def write_report(run_dir: Path) -> list[Path]:
@@ -318,7 +322,9 @@ def _sandbox(records: list[Any]) -> dict[str, Any]:
 
 def _status_html(attempt: dict[str, Any]) -> str:
     status = attempt["status"]
-    if status in ("infra_error", "timeout", "plugin_error", "violation"):
+    if status == "plugin_error":
+        return "<span class='plugin'>plugin error</span>"
+    if status in ("infra_error", "timeout", "violation"):
         return f"<span class='infra'>{html.escape(status)}</span>"
     cls = "ok" if attempt["passed"] else "fail"
     return f"<span class='{cls}'>{'passed' if attempt['passed'] else 'failed'}</span>"
@@ -336,9 +342,13 @@ def render_html(data: dict[str, Any], calls: dict[str, list[Call]],
             f"<p class='meta'>harness {_e(cfg.get('harness', '?'))} &middot; environment "
             f"{_e(cfg.get('environment', '?'))} &middot; reward {_e(cfg.get('reward', '?'))} &middot; "
             f"engine {_e(engine.get('name', '?'))} ({_e(engine.get('model', '?'))})</p>",
-            f"<p>{s['tasks']} tasks, k={s['k']}: {s['scored']} scored attempts, {s['passed']} passed, "
-            f"<span class='infra'>{s['infra_failures']} infrastructure failures</span> (excluded "
-            f"from pass rates), mean reward {_fmt(s['mean_reward'])}.</p>",
+            f"<p class='headline'>{_e(s.get('headline', ''))}</p>",
+            f"<p>{s['tasks']} tasks, k={s['k']}, {s['attempts']} attempts: {s['scored']} scored, "
+            f"{s['passed']} passed, <span class='plugin'>{s.get('plugin_errors', 0)} plugin "
+            f"errors</span> and <span class='infra'>{s['infra_failures']} infrastructure "
+            f"failures</span> (neither scored: left out of pass rates and training data), "
+            f"mean reward {_fmt(s['mean_reward'])}.</p>",
+            _plugin_errors_html(data["attempts"]),
             "<h2>pass@k</h2><table><tr><th>k</th><th>pass@k</th><th>pass^k</th></tr>"]
     for k in sorted(data["pass_at_k"], key=int):
         body.append(f"<tr><td>{k}</td><td class='num'>{_fmt(data['pass_at_k'][k])}</td>"
@@ -346,11 +356,12 @@ def render_html(data: dict[str, Any], calls: dict[str, list[Call]],
     body.append("</table>" + _svg_curve(data["pass_at_k"], data["pass_hat_k"]))
     body.append(_trajectory_metrics_html(data.get("trajectories")))
     body.append(behaviours_html(data.get("behaviours")))
-    body.append("<h2>Tasks</h2><table><tr><th>task</th><th>scored</th><th>passed</th><th>infra</th>"
-                "<th>mean reward</th><th>pass@1</th></tr>")
+    body.append("<h2>Tasks</h2><table><tr><th>task</th><th>scored</th><th>passed</th>"
+                "<th>plugin errors</th><th>infra</th><th>mean reward</th><th>pass@1</th></tr>")
     for row in data["tasks"]:
         body.append(f"<tr><td><a href='#t-{_e(row['task_id'])}'>{_e(row['task_id'])}</a></td>"
                     f"<td class='num'>{row['n']}</td><td class='num'>{row['passed']}</td>"
+                    f"<td class='num'>{row.get('plugin_errors', 0)}</td>"
                     f"<td class='num'>{row['infra_failures']}</td>"
                     f"<td class='num'>{_fmt(row['mean_reward'], 2)}</td>"
                     f"<td class='num'>{_fmt((row.get('pass_at') or {}).get('1'))}</td></tr>")
@@ -370,7 +381,12 @@ def render_html(data: dict[str, Any], calls: dict[str, list[Call]],
             inner.append("<p><b>retried infrastructure failures</b></p>" +
                          "".join(f"<pre>{_e(e)}</pre>" for e in a["infra_errors"]))
         if a.get("reward_details"):
-            inner.append(f"<p><b>checker</b></p><pre>{_e(a['reward_details'])}</pre>")
+            inner.append(f"<p><b>reward {_e(cfg.get('reward', '?'))}: details</b></p>"
+                         f"<pre>{_e(a['reward_details'])}</pre>")
+        if a.get("logs"):
+            links = " &middot; ".join(f"<a href='{html.escape(path, quote=True)}'>{_e(stream)}</a>"
+                                      for stream, path in sorted(a["logs"].items()))
+            inner.append(f"<p><b>agent output</b>: {links}</p>")
         if a.get("final_answer"):
             inner.append(f"<p><b>final answer</b></p><pre>{_e(a['final_answer'])}</pre>")
         inner.append((filmstrips or {}).get(a["session_id"], ""))  # GUI rollouts: screens
@@ -381,11 +397,27 @@ def render_html(data: dict[str, Any], calls: dict[str, list[Call]],
             .replace("{{body}}", "\n".join(body)))
 
 
+def _plugin_errors_html(attempts: list[dict[str, Any]]) -> str:
+    """The attempts a plugin broke, first thing on the page: bugs to fix, not agent failures."""
+    errors = [a for a in attempts if a["status"] == "plugin_error"]
+    if not errors:
+        return ""
+    items = "".join(f"<li><a href='#t-{_e(a['task_id'])}'>{_e(a['task_id'])}</a> attempt "
+                    f"{a['attempt']}: <code>{_e(a.get('error') or '')}</code></li>"
+                    for a in errors[:20])
+    more = f"<li>... and {len(errors) - 20} more</li>" if len(errors) > 20 else ""
+    return (f"<div class='plugin'><p><b>{len(errors)} attempts ended in a plugin error</b>: an "
+            "exception in the environment, the reward or the harness adapter. They are not "
+            f"scored and not retried; fix the plugin.</p><ul>{items}{more}</ul></div>")
+
+
 def _trajectory_metrics_html(m: dict[str, Any] | None) -> str:
     if not m:
         return ""
     branches = ", ".join(f"{_e(reason)}: {n}" for reason, n in sorted(m["branches_opened"].items()))
-    return ("<h2>Training data</h2><p>"
+    left = ", ".join(f"{_e(why)}: {n}" for why, n in sorted((m.get("sessions_left_out") or {}).items()))
+    return ("<h2>Training data</h2><p>What <code>openforge export</code> writes: "
+            f"sessions left out: {left or 'none'}. "
             f"{m['calls_recorded']} recorded calls ({m['failed_calls']} failed, "
             f"{m['retries_merged']} retries merged) became {m['samples']} samples over "
             f"{m['sessions']} sessions ({m['samples_per_session']:.2f} per session); "

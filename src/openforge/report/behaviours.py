@@ -2,11 +2,13 @@
 coverage per harness, and the behaviours the OpenForgeRL analysis looks at.
 
 - **pass^k / pass@k** the leaderboard way (Claw-Eval's `all_pass` / `any_pass`): per task,
-  its first k trials, missing or infrastructure-failed trials counted as failures; pass^k
-  = all k passed, pass@k = any passed. (The report's `pass_at_k` / `pass_hat_k` are the
-  unbiased estimators over scored attempts; with exactly k scored attempts per task the
-  two agree.)
-- **failure categories** per attempt: `timeout` and `infra_error` from the rollout status;
+  its first k trials, missing, infrastructure-failed and plugin-error trials counted as
+  failures; pass^k = all k passed, pass@k = any passed. (The report's `pass_at_k` /
+  `pass_hat_k` are the unbiased estimators over scored attempts; with exactly k scored
+  attempts per task the two agree, and the section says how many trials it counted as
+  failures for want of a score.)
+- **failure categories** per attempt: `timeout`, `infra_error` and `plugin_error` from the
+  rollout status;
   otherwise the reward's own `details["category"]` (`tool_error`, `wrong_final_state`,
   `unsafe_action`, ...), `wrong_final_state` when a failed attempt has none, `tool_error`
   for a harness error without one.
@@ -35,7 +37,7 @@ _TOOL_ERROR = re.compile(r"\berror\b|exit code [1-9]|traceback|\"status\": [45]\
 
 def failure_category(attempt: dict[str, Any]) -> str | None:
     status = attempt.get("status")
-    if status in ("timeout", "infra_error"):
+    if status in ("timeout", "infra_error", "plugin_error"):
         return str(status)
     if attempt.get("passed"):
         return None
@@ -89,6 +91,7 @@ def analyse(data: dict[str, Any], calls: dict[str, list[Call]]) -> dict[str, Any
         per_task.append({"task_id": task_id, "trials": trials, "pass_hat_k": all(trials),
                          "pass_at_k": any(trials)})
     n = len(per_task) or 1
+    unscored = sum(1 for a in data["attempts"] if a["status"] not in ("ok", "harness_error"))
 
     categories: Counter[str] = Counter()
     offered: set[str] = set()
@@ -126,6 +129,7 @@ def analyse(data: dict[str, Any], calls: dict[str, list[Call]]) -> dict[str, Any
         "pass_hat_k": {str(k): sum(bool(t["pass_hat_k"]) for t in per_task) / n},
         "pass_at_k": {str(k): sum(bool(t["pass_at_k"]) for t in per_task) / n},
         "per_task": per_task,
+        "unscored_trials": unscored,
         "failure_categories": dict(sorted(categories.items())),
         "tool_coverage": {harness: {"offered": sorted(offered), "used": dict(used.most_common()),
                                     "coverage": coverage}},
@@ -158,7 +162,10 @@ def behaviours_html(b: dict[str, Any] | None) -> str:
                     + html.escape(", ".join(f"{t} x{n}" for t, n in v["used"].items()))
                     + "</td></tr>" for h, v in b["tool_coverage"].items())
     beh = b["behaviours"]
-    return (f"<h2>Behaviours</h2><p>pass^{k} (all {k} trials pass) {fmt(b['pass_hat_k'][k])}, "
+    unscored = b.get("unscored_trials", 0)
+    return (f"<h2>Behaviours</h2><p>Counted the leaderboard way: every trial, the "
+            f"{unscored} not scored (plugin errors, infrastructure failures) as failed. "
+            f"pass^{k} (all {k} trials pass) {fmt(b['pass_hat_k'][k])}, "
             f"pass@{k} (any passes) {fmt(b['pass_at_k'][k])}. Failure categories: "
             f"{cats or 'none'}.</p><p>Self-verification {fmt(beh['self_verification'])}, "
             f"error recovery {fmt(beh['error_recovery'])} (over "

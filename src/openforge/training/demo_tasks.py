@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import Field
 
 from openforge.environment import Environment
+from openforge.options import PluginOptions
 from openforge.types import RewardResult, Task
 
 ENV_TARGET = "openforge.training.demo_tasks:FamilyEnvironment"
@@ -178,16 +180,34 @@ def _parse_id(task_id: str) -> Instance:
     return _make(family, name, word)
 
 
+class FamilyOptions(PluginOptions):
+    """Options of the demo recipe's task families."""
+
+    train_per_family: int = Field(default=10, ge=0)
+    """Training instances per family."""
+    test_per_family: int = Field(default=3, ge=0)
+    """Held-out instances per family."""
+    seed: int = 0
+    """Which instances are drawn."""
+    families: list[str] | None = None
+    """Only these families (default: all)."""
+    pool_size: int = Field(default=len(TRAIN_NAMES), ge=1)
+    """File names the training instances draw from."""
+
+
 class FamilyEnvironment(Environment):
     """Parameterized workspace tasks with train / test splits of distinct instances."""
 
+    options_model = FamilyOptions
+    options: FamilyOptions
+
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.train_per_family = int(options.get("train_per_family", 10))
-        self.test_per_family = int(options.get("test_per_family", 3))
-        self.seed = int(options.get("seed", 0))
-        self.families = list(options.get("families") or FAMILIES)
-        self.pool_size = int(options.get("pool_size", len(TRAIN_NAMES)))
+        self.train_per_family = self.options.train_per_family
+        self.test_per_family = self.options.test_per_family
+        self.seed = self.options.seed
+        self.families = list(self.options.families or FAMILIES)
+        self.pool_size = self.options.pool_size
 
     def tasks(self, split: str | None = None) -> Iterable[Task]:
         for split_name in ("train", "test"):

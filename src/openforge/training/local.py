@@ -26,11 +26,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field
 from rich.console import Console
 
 from openforge.config import TrainConfig
 from openforge.errors import OpenforgeError
+from openforge.options import check_options
 from openforge.trainer import Trainer
 from openforge.training.metrics_log import MetricsLog, read_metrics
 from openforge.training.plot import text_curve, write_curve
@@ -58,12 +59,7 @@ class LocalTrainOptions(PolicyOptions):
 
 def parse_options(config: TrainConfig) -> LocalTrainOptions:
     data = {"learning_rate": config.learning_rate, **config.options}
-    try:
-        return LocalTrainOptions.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise OpenforgeError(f"train option options.{where}: {err['msg']}") from None
+    return check_options(LocalTrainOptions, data, "trainer 'local'")
 
 
 def resolve_model_dir(model: str) -> Path:
@@ -237,6 +233,8 @@ async def train_online(run: TrainingRun, config: TrainConfig, tasks: list[Task],
 
 class LocalTrainer(Trainer):
     """GRPO / SFT on one machine; see the module docstring."""
+
+    options_model = LocalTrainOptions
 
     def train(self, config: Any) -> None:
         console = Console()

@@ -29,10 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from openforge.config import RunConfig
 from openforge.errors import OpenforgeError
+from openforge.export import ground_truth_text
+from openforge.options import check_options
 from openforge.trainer import Trainer
 from openforge.types import Sample, SamplingParams, Task
 
@@ -132,7 +134,8 @@ def task_row(task: Task, index: int, split: str) -> dict[str, Any]:
         "data_source": task.environment or "openforge",
         "prompt": [{"role": "user", "content": task.prompt}],
         "ability": "agent",
-        "reward_model": {"style": "rule", "ground_truth": ""},
+        "reward_model": {"style": "rule",
+                         "ground_truth": ground_truth_text(task.data.get("ground_truth"))},
         "extra_info": {"index": index, "split": split, "task_id": task.id,
                        "task_json": task.model_dump_json()},
         "agent_name": AGENT_NAME,
@@ -229,7 +232,8 @@ class OpenforgeAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]
         calls = shared.store.list_calls(session.id)
         samples = build_samples(calls, session, reward).samples if calls else []
         if not result.is_scored:
-            # veRL cannot drop a row: keep the trajectory out of the loss (mask 0) instead.
+            # An infrastructure failure or a plugin error: never a reward. veRL cannot drop
+            # a row: keep the trajectory out of the loss (mask 0) instead.
             samples = [s.model_copy(update={"response_mask": [0] * len(s.response_mask)})
                        for s in samples]
         steps = shared.engine.global_steps(session.id)
@@ -302,7 +306,8 @@ def hydra_overrides(opts: VerlOptions, config: Any, files: dict[str, Path]) -> l
         "algorithm.adv_estimator=grpo",
         "algorithm.use_kl_in_reward=false",
         f"data.train_files={files['train']}",
-        f"data.val_files={files['val']}",
+        # No held-out tasks: veRL still wants a val dataset, but validation never runs.
+        f"data.val_files={files.get('val', files['train'])}",
         "data.prompt_key=prompt",
         "data.return_raw_chat=true",
         f"data.train_batch_size={opts.train_batch_size}",
@@ -334,17 +339,21 @@ def hydra_overrides(opts: VerlOptions, config: Any, files: dict[str, Path]) -> l
         f"trainer.n_gpus_per_node={opts.n_gpus_per_node}",
         f"trainer.nnodes={opts.nnodes}",
         f"trainer.save_freq={opts.save_freq}",
-        f"trainer.test_freq={opts.test_freq}",
+        f"trainer.test_freq={opts.test_freq if 'val' in files else -1}",
         "trainer.logger=[" + ",".join(opts.loggers) + "]",
         f"trainer.project_name={opts.project_name}",
         f"trainer.experiment_name={opts.experiment_name}",
         f"trainer.default_local_dir={Path(opts.output_dir).resolve() / 'checkpoints'}",
     ]
+    if "val" not in files:
+        out.append("trainer.val_before_train=false")
     return out + list(opts.extra_overrides)
 
 
 class VerlTrainer(Trainer):
     """`openforge train --backend verl`: dataset + agent-loop config, then veRL's main_ppo."""
+
+    options_model = VerlOptions
 
     def prepare(self, config: Any) -> tuple[list[str], VerlOptions]:
         """Write the files veRL needs; returns the command line and the options."""
@@ -353,19 +362,16 @@ class VerlTrainer(Trainer):
         if config.algorithm != "grpo":
             raise OpenforgeError(f"algorithm {config.algorithm!r}: the verl backend runs grpo; "
                                  "use --backend local for sft")
-        try:
-            opts = VerlOptions.model_validate(config.options)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            raise OpenforgeError(f"train option options.{'.'.join(map(str, err['loc']))}: "
-                                 f"{err['msg']}") from None
+        opts = check_options(VerlOptions, config.options, "trainer 'verl'")
         out = Path(opts.output_dir).resolve()
         out.mkdir(parents=True, exist_ok=True)
         run = config.run
         env = build_plugin("environment", run.environment, run.environment_options)
         try:
             train = list(env.tasks(run.split or "train"))
-            val = list(env.tasks("test")) or train[:1]
+            # Only tasks the environment marks `test` are held out; one that does not split
+            # its tasks returns them all for any split, and those are not a validation set.
+            val = [t for t in env.tasks("test") if t.split == "test"]
         finally:
             env.close()
         if not train:
@@ -376,8 +382,13 @@ class VerlTrainer(Trainer):
         loops.write_text(yaml.safe_dump([{"name": AGENT_NAME, "_target_": AGENT_LOOP_TARGET,
                                           "run_config": str(run_file),
                                           "work_dir": str(out / "rollouts")}], sort_keys=False))
-        files = {"train": write_dataset(train, out / "train.parquet", "train"),
-                 "val": write_dataset(val, out / "val.parquet", "test"), "agent_loops": loops}
+        files = {"train": write_dataset(train, out / "train.parquet", "train"), "agent_loops": loops}
+        if val:
+            files["val"] = write_dataset(val, out / "val.parquet", "test")
+        else:
+            (out / "val.parquet").unlink(missing_ok=True)  # from an earlier run with a split
+            print("no held-out tasks (the environment has no `test` split): veRL's validation "
+                  "is off")
         command = [sys.executable, "-m", "verl.trainer.main_ppo",
                    *hydra_overrides(opts, config, files)]
         (out / "command.sh").write_text(" ".join(shlex.quote(c) for c in command) + "\n")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import Field
+
 from openforge.gateway.engines.base import (
     Engine,
     EngineBusy,
@@ -18,6 +20,14 @@ from openforge.gateway.engines.base import (
     GenerateRequest,
     GenerateResult,
 )
+from openforge.options import PluginOptions
+
+
+class VerlEngineOptions(PluginOptions):
+    """Options of the `verl` engine (built by the veRL agent loop)."""
+
+    retry_after_s: int = Field(default=2, ge=0)
+    """Retry-After of the 429 answered while veRL replaces the rollout weights."""
 
 
 class VerlEngine(Engine):
@@ -29,13 +39,16 @@ class VerlEngine(Engine):
     seen are kept per session for the agent loop's `min_global_steps` / `max_global_steps`.
     """
 
+    options_model = VerlEngineOptions
+    options: VerlEngineOptions
+
     def __init__(self, model: Any = None, client: Any = None, **options: Any) -> None:
         super().__init__(model, **options)
         if client is None:
             raise EngineError("the verl engine needs veRL's LLMServerClient (it runs inside "
                               "veRL's agent loop, not from `openforge run`)", 500)
         self.client = client
-        self.retry_after_s = int(options.get("retry_after_s", 2))
+        self.retry_after_s = self.options.retry_after_s
         self.steps_seen: dict[str, list[int]] = {}
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:

@@ -11,6 +11,10 @@ Permissions: a rollout is unattended, so `permissions = "skip"` (the default) pa
 which the harness sets (openforge's executor is the sandbox). `permissions = "allowed"`
 instead passes `--allowedTools` with `allowed_tools`.
 
+The task's MCP servers (`ctx.mcp_servers`) go into `<config dir>/mcp.json`, passed with
+`--mcp-config` and `--strict-mcp-config` (no other MCP config is read); their tools reach
+the model as `mcp__<server>__<tool>`, and `permissions = "allowed"` allows them too.
+
 The task goes in on stdin. Output is `--output-format stream-json --verbose`: one line
 per assistant content block (blocks of one model response share a message id, which
 counts the model requests of the main loop) and a final `result` object.
@@ -22,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from openforge.harness import (
     Command,
@@ -31,9 +35,9 @@ from openforge.harness import (
     ProcessOutput,
     WireAPI,
     provider_base_url,
-    validate_options,
 )
 from openforge.npm import NpmHarness, NpmPackage
+from openforge.options import PluginOptions
 from openforge_claude_code.stream import parse_stream
 
 CLAUDE_PACKAGE = "@anthropic-ai/claude-code"
@@ -43,10 +47,8 @@ DEFAULT_TOOLS = ["Bash", "Edit", "Write", "Read", "Glob", "Grep", "MultiEdit", "
                  "TodoWrite"]
 
 
-class ClaudeCodeOptions(BaseModel):
+class ClaudeCodeOptions(PluginOptions):
     """Options of the `claude-code` harness (`harness_options` in the run config)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     version: str = CLAUDE_VERSION  # the @anthropic-ai/claude-code version installed from npm
     bin: str | None = None  # a claude program to use instead (set by `install` for rollouts)
@@ -73,13 +75,12 @@ class ClaudeCodeHarness(NpmHarness):
     harness_name: ClassVar[str] = "claude-code"
     wire_api: ClassVar[WireAPI] = "messages"
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
-        self.config = validate_options(ClaudeCodeOptions, options, "claude-code")
+    options_model = ClaudeCodeOptions
+    options: ClaudeCodeOptions
 
     @property
     def package(self) -> NpmPackage:
-        return NpmPackage(name=CLAUDE_PACKAGE, version=self.config.version, bin="claude",
+        return NpmPackage(name=CLAUDE_PACKAGE, version=self.options.version, bin="claude",
                           env_var=BIN_ENV)
 
     # -- one rollout -----------------------------------------------------------------------
@@ -93,23 +94,31 @@ class ClaudeCodeHarness(NpmHarness):
         base: dict[str, Any] = {
             "autoUpdates": False,
             "includeCoAuthoredBy": False,
-            "permissions": {"deny": list(self.config.disallowed_tools)},
+            "permissions": {"deny": list(self.options.disallowed_tools)},
             "env": {"DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
                     "DISABLE_ERROR_REPORTING": "1"},
         }
-        return {**base, **self.config.settings}
+        return {**base, **self.options.settings}
+
+    @classmethod
+    def mcp_config_path(cls, ctx: HarnessContext) -> Path:
+        return cls.config_dir(ctx) / "mcp.json"
 
     def prepare(self, ctx: HarnessContext) -> None:
         folder = self.config_dir(ctx)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "settings.json").write_text(json.dumps(self.settings(), indent=2) + "\n")
+        if ctx.mcp_servers:
+            servers = {s.name: {"type": "stdio", "command": s.command, "args": s.args,
+                                "env": s.env} for s in ctx.mcp_servers}
+            self.mcp_config_path(ctx).write_text(json.dumps({"mcpServers": servers}, indent=2))
 
     def environment(self, ctx: HarnessContext) -> dict[str, str]:
         env = {
             "ANTHROPIC_BASE_URL": anthropic_base_url(ctx.base_url),
             "ANTHROPIC_API_KEY": ctx.api_key,
             "ANTHROPIC_MODEL": ctx.model,
-            "ANTHROPIC_SMALL_FAST_MODEL": self.config.small_fast_model or ctx.model,
+            "ANTHROPIC_SMALL_FAST_MODEL": self.options.small_fast_model or ctx.model,
             "CLAUDE_CONFIG_DIR": str(self.config_dir(ctx)),
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_AUTOUPDATER": "1",
@@ -118,21 +127,24 @@ class ClaudeCodeHarness(NpmHarness):
             "IS_SANDBOX": "1",
             "NO_COLOR": "1",
         }
-        if self.config.max_output_tokens is not None:
-            env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(self.config.max_output_tokens)
+        if self.options.max_output_tokens is not None:
+            env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(self.options.max_output_tokens)
         return env
 
     def command(self, ctx: HarnessContext) -> Command:
         argv = [str(self.program()), "-p", "--output-format", "stream-json", "--verbose",
                 "--model", ctx.model]
-        if self.config.permissions == "skip":
+        if self.options.permissions == "skip":
             argv.append("--dangerously-skip-permissions")
         else:
-            argv += ["--allowedTools", ",".join(self.config.allowed_tools)]
-        if self.config.disallowed_tools:
-            argv += ["--disallowedTools", ",".join(self.config.disallowed_tools)]
-        if self.config.max_turns is not None:
-            argv += ["--max-turns", str(self.config.max_turns)]
+            mcp = [f"mcp__{s.name}" for s in ctx.mcp_servers]
+            argv += ["--allowedTools", ",".join([*self.options.allowed_tools, *mcp])]
+        if self.options.disallowed_tools:
+            argv += ["--disallowedTools", ",".join(self.options.disallowed_tools)]
+        if self.options.max_turns is not None:
+            argv += ["--max-turns", str(self.options.max_turns)]
+        if ctx.mcp_servers:
+            argv += ["--mcp-config", str(self.mcp_config_path(ctx)), "--strict-mcp-config"]
         return Command(argv=argv, env=self.environment(ctx), cwd=ctx.workspace,
                        stdin=ctx.task.prompt)
 

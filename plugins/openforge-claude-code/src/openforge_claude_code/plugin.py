@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from openforge.hookspecs import Register, hookimpl
-
-
-def _claude_code(**options: Any) -> Any:
-    from openforge_claude_code.harness import ClaudeCodeHarness
-
-    return ClaudeCodeHarness(**options)
+from openforge.plugins import lazy
 
 
 @hookimpl
 def register_harnesses(register: Register) -> None:
-    register("claude-code", _claude_code,
+    register("claude-code", lazy("openforge_claude_code.harness:ClaudeCodeHarness"),
              "Claude Code (`claude -p`, npm @anthropic-ai/claude-code), Anthropic Messages API.")

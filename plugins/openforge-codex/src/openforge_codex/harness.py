@@ -12,6 +12,12 @@ sandbox that would need a second user namespace; `sandbox = "none"` (the default
 `--dangerously-bypass-approvals-and-sandbox`, which is what Codex documents for
 "environments that are externally sandboxed". The other values are Codex's own modes.
 
+The task's MCP servers (`ctx.mcp_servers`) go into the same file as `[mcp_servers.<name>]`
+(`command`, `args`, `env`), `required = true`: `codex exec` then waits for each server's
+tools before its first request (otherwise that request goes out without them) and fails
+when one cannot start. Codex offers a server's tools as the Responses `namespace`
+`mcp__<name>`; the gateway shows them to the policy as `mcp__<name>__<tool>`.
+
 Counting model requests: each Responses request Codex makes is followed in its session
 file (`$CODEX_HOME/sessions/**/rollout-*.jsonl`) by one `token_count` event; the harness
 returns that file as its transcript together with the `--json` events.
@@ -25,7 +31,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from openforge.harness import (
     Command,
@@ -35,9 +41,9 @@ from openforge.harness import (
     WireAPI,
     drop_none,
     merge_config,
-    validate_options,
 )
 from openforge.npm import NpmHarness, NpmPackage
+from openforge.options import PluginOptions
 from openforge_codex.events import parse_events
 
 CODEX_PACKAGE = "@openai/codex"
@@ -46,14 +52,13 @@ BIN_ENV = "OPENFORGE_CODEX_BIN"
 KEY_ENV = "OPENFORGE_SESSION_TOKEN"  # the provider's env_key: Codex reads the key from it
 PROVIDER = "openforge"
 LAST_MESSAGE = "codex-last-message.txt"
+MCP_STARTUP_TIMEOUT_S = 60  # a Python MCP server starts in ~1 s, more on a loaded machine
 
 Sandbox = Literal["none", "read-only", "workspace-write", "danger-full-access"]
 
 
-class CodexOptions(BaseModel):
+class CodexOptions(PluginOptions):
     """Options of the `codex` harness (`harness_options` in the run config)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     version: str = CODEX_VERSION  # the @openai/codex version installed from npm
     bin: str | None = None  # a codex program to use instead (set by `install` for rollouts)
@@ -73,13 +78,12 @@ class CodexHarness(NpmHarness):
     harness_name: ClassVar[str] = "codex"
     wire_api: ClassVar[WireAPI] = "responses"
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
-        self.config = validate_options(CodexOptions, options, "codex")
+    options_model = CodexOptions
+    options: CodexOptions
 
     @property
     def package(self) -> NpmPackage:
-        return NpmPackage(name=CODEX_PACKAGE, version=self.config.version, bin="codex", env_var=BIN_ENV)
+        return NpmPackage(name=CODEX_PACKAGE, version=self.options.version, bin="codex", env_var=BIN_ENV)
 
     # -- one rollout -----------------------------------------------------------------------
 
@@ -89,7 +93,7 @@ class CodexHarness(NpmHarness):
 
     def config_dict(self, ctx: HarnessContext) -> dict[str, Any]:
         """The content of `$CODEX_HOME/config.toml` for this rollout."""
-        cfg = self.config
+        cfg = self.options
         base: dict[str, Any] = {
             "model": ctx.model,
             "model_provider": PROVIDER,
@@ -112,6 +116,11 @@ class CodexHarness(NpmHarness):
                 "stream_idle_timeout_ms": cfg.stream_idle_timeout_ms,
             }},
         }
+        if ctx.mcp_servers:
+            base["mcp_servers"] = {s.name: {"command": s.command, "args": s.args, "env": s.env,
+                                            "required": True,
+                                            "startup_timeout_sec": MCP_STARTUP_TIMEOUT_S}
+                                   for s in ctx.mcp_servers}
         return merge_config(base, cfg.config)
 
     def prepare(self, ctx: HarnessContext) -> None:
@@ -124,10 +133,10 @@ class CodexHarness(NpmHarness):
         argv = [str(self.program()), "exec", "--json", "--skip-git-repo-check",
                 "-C", str(ctx.workspace), "-m", ctx.model,
                 "-o", str(ctx.home / LAST_MESSAGE)]
-        if self.config.sandbox == "none":
+        if self.options.sandbox == "none":
             argv.append("--dangerously-bypass-approvals-and-sandbox")
         else:
-            argv += ["-s", self.config.sandbox]
+            argv += ["-s", self.options.sandbox]
         argv.append("-")  # the prompt comes on stdin
         env = {"CODEX_HOME": str(self.codex_home(ctx)), KEY_ENV: ctx.api_key,
                # Codex would otherwise try to colour and page its output.

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from openforge.hookspecs import Register, hookimpl
-
-
-def _codex(**options: Any) -> Any:
-    from openforge_codex.harness import CodexHarness
-
-    return CodexHarness(**options)
+from openforge.plugins import lazy
 
 
 @hookimpl
 def register_harnesses(register: Register) -> None:
-    register("codex", _codex, "OpenAI Codex CLI (`codex exec`, npm @openai/codex), Responses API.")
+    register("codex", lazy("openforge_codex.harness:CodexHarness"), "OpenAI Codex CLI (`codex exec`, npm @openai/codex), Responses API.")

@@ -11,7 +11,7 @@ def main() -> None:
     reply = client.chat.completions.create(
         model=os.environ.get("EXAMPLE_MODEL", "policy"),
         messages=[{"role": "user", "content": sys.argv[1]}],
-        max_tokens=64,
+        max_tokens=int(sys.argv[2]) if len(sys.argv) > 2 else 64,
     )
     print(reply.choices[0].message.content or "")
 

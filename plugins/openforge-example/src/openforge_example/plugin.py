@@ -15,20 +15,33 @@ from typing import Any
 from openforge.environment import Environment
 from openforge.harness import Command, Harness, HarnessContext
 from openforge.hookspecs import hookimpl
+from openforge.options import PluginOptions
 from openforge.reward import Reward
 from openforge.types import Call, RewardResult, Task
+
+
+class OneShotOptions(PluginOptions):
+    """Options of the `one-shot` harness (`harness_options` in the run config)."""
+
+    max_tokens: int = 64
+    """max_tokens of the one model call."""
 
 
 class OneShotHarness(Harness):
     """Asks the policy once through the OpenAI chat API and prints its answer."""
 
     wire_api = "chat"
+    # openforge validates `harness_options` against this model when it builds the harness:
+    # `self.options` is the validated OneShotOptions, and a misspelt option is refused.
+    options_model = OneShotOptions
+    options: OneShotOptions
 
     def command(self, ctx: HarnessContext) -> Command:
         # The agent program is a separate process, exactly like a real harness binary:
         # it only knows the endpoint and the key it is given.
         return Command(
-            argv=[sys.executable, "-m", "openforge_example.agent", ctx.task.prompt],
+            argv=[sys.executable, "-m", "openforge_example.agent", ctx.task.prompt,
+                  str(self.options.max_tokens)],
             env={"OPENAI_BASE_URL": ctx.base_url, "OPENAI_API_KEY": ctx.api_key,
                  "EXAMPLE_MODEL": ctx.model},
             cwd=ctx.workspace,

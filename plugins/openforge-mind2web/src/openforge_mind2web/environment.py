@@ -27,7 +27,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from openforge_gui.webtasks import WebTaskEnvironment, load_online_mind2web
+from openforge_gui.webtasks import WebTaskEnvironment, WebTaskOptions, load_online_mind2web
+from pydantic import Field
 
 from openforge.types import Task
 
@@ -35,10 +36,19 @@ ENV_NAME = "online-mind2web"
 RESULT_DIR = Path(".openforge") / "mind2web"
 
 
+class Mind2WebOptions(WebTaskOptions):
+    """Options of the `online-mind2web` environment."""
+
+    sites: dict[str, str] = Field(default_factory=dict)
+    """Task website -> the URL to open instead (a local copy, a stand-in)."""
+
+
 class OnlineMind2WebEnvironment(WebTaskEnvironment):
     """Online-Mind2Web tasks ({task_id,website,confirmed_task,...}) in headless Chromium."""
 
     name = ENV_NAME
+    options_model = Mind2WebOptions
+    options: Mind2WebOptions
 
     def load(self) -> list[Task]:
         return load_online_mind2web(self.path, self.name)
@@ -46,7 +56,7 @@ class OnlineMind2WebEnvironment(WebTaskEnvironment):
     def start_url(self, task: Task) -> str:
         """The task's website, or what the `sites` option maps it to."""
         website = super().start_url(task)
-        sites: dict[str, str] = self.options.get("sites") or {}
+        sites = self.options.sites
         for key in (website, website.rstrip("/"), website.rstrip("/") + "/"):
             if key in sites:
                 return sites[key]

@@ -3,6 +3,9 @@
 OpenClaw reads one JSON5 file (`--config`); plain JSON is valid JSON5, so the file is
 written with `json`. It declares one custom provider, `of`, whose endpoint is the
 session URL and whose key is the session token, and makes `of/<model>` the primary model.
+The task's MCP servers (`ctx.mcp_servers`) go under `mcp.servers` (stdio), with OpenClaw's
+Tool Search off (`tools.toolSearch: false`) so their tools reach the model as direct tools,
+not behind `tool_search` / `tool_call`.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from openforge.harness import HarnessContext, WireAPI, merge_config, provider_base_url
+from openforge.options import PluginOptions
 
 OPENCLAW_PACKAGE = "openclaw"
 OPENCLAW_VERSION = "2026.9.6"
@@ -29,10 +33,9 @@ OPENCLAW_API: dict[Api, str] = {"chat": "openai-completions", "responses": "open
 WIRE_API: dict[Api, WireAPI] = {"chat": "chat", "responses": "responses", "messages": "messages"}
 
 
-class OpenClawOptions(BaseModel):
+class OpenClawOptions(PluginOptions):
     """Options of the `openclaw` harness (`harness_options` in the run config)."""
 
-    model_config = ConfigDict(extra="forbid")
 
     api: Api = "chat"
     version: str = OPENCLAW_VERSION  # the npm `openclaw` version installed
@@ -67,11 +70,21 @@ def build_config(ctx: HarnessContext, options: OpenClawOptions) -> dict[str, Any
         "agents": {"defaults": {"model": {"primary": f"{PROVIDER}/{ctx.model}"},
                                 "workspace": str(ctx.workspace)}},
     }
+    if ctx.mcp_servers:
+        base["mcp"] = {"servers": {s.name: {"transport": "stdio", "command": s.command,
+                                            "args": s.args, "env": s.env, "enabled": True}
+                                   for s in ctx.mcp_servers}}
+        base["tools"] = {"toolSearch": False}
     return merge_config(base, options.config)
 
 
 def config_path(ctx: HarnessContext) -> Path:
     return ctx.home / ".openclaw" / CONFIG_FILE
+
+
+def state_path(ctx: HarnessContext) -> Path:
+    """OpenClaw's state directory for the run (`--state-dir`): sessions, caches, databases."""
+    return ctx.home / ".openclaw" / "state"
 
 
 def prompt_path(ctx: HarnessContext) -> Path:

@@ -7,9 +7,11 @@ handed to the rollouts as the options `bin` and `node`.
 
 Per rollout the config (`config.build_config`) goes into the rollout's isolated HOME and
 is passed with `--config`, so the user's `~/.openclaw` is never read. `agent exec` runs
-the embedded agent with a temporary state directory, the `coding` tool profile
+the embedded agent, the `coding` tool profile
 (`exec`, `read`, `write`, `edit`, `apply_patch`, ...), no sandbox of its own and file
-tools restricted to `--cwd` (the workspace): what an unattended rollout needs.
+tools restricted to `--cwd` (the workspace): what an unattended rollout needs. Its state
+directory (`--state-dir`, in the rollout's HOME) is kept until the run ends, so the
+session's own events (`session.py`) come back in the transcript as `session_events`.
 
 The wire API is chosen per run by the option `api`: `chat` (OpenAI chat completions),
 `responses` (OpenAI Responses) or `messages` (Anthropic Messages). OpenClaw always
@@ -32,7 +34,6 @@ from openforge.harness import (
     HarnessOutput,
     ProcessOutput,
     WireAPI,
-    validate_options,
     wire_api_variants,
 )
 from openforge.npm import (
@@ -43,6 +44,7 @@ from openforge.npm import (
     install_command,
     program_root,
 )
+from openforge.options import check_options
 from openforge_openclaw.config import (
     NODE_MIN,
     OPENCLAW_PACKAGE,
@@ -50,9 +52,11 @@ from openforge_openclaw.config import (
     OpenClawOptions,
     config_path,
     prompt_path,
+    state_path,
     write_config,
 )
 from openforge_openclaw.envelope import model_requests, parse_envelope, to_output
+from openforge_openclaw.session import read_events
 
 BIN_ENV = "OPENFORGE_OPENCLAW_BIN"
 # Seconds rollout.py keeps back from the harness (its _RESERVE_S) for scoring and reporting.
@@ -92,15 +96,14 @@ class OpenClawHarness(Harness):
 
     wire_api: ClassVar[WireAPI] = "chat"
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
-        self.config = validate_options(OpenClawOptions, options, "openclaw")
+    options_model = OpenClawOptions
+    options: OpenClawOptions
 
     # -- locating the program --------------------------------------------------------------
 
     @property
     def package(self) -> NpmPackage:
-        return openclaw_package(self.config.version)
+        return openclaw_package(self.options.version)
 
     @staticmethod
     def _executable(option: str, value: str) -> Path:
@@ -111,9 +114,9 @@ class OpenClawHarness(Harness):
 
     def install(self, log: Callable[[str], None] = print) -> dict[str, Any]:
         """Install (once, into the openforge cache) OpenClaw and a Node >= 24.16."""
-        entry = (self._executable("bin", self.config.bin) if self.config.bin
+        entry = (self._executable("bin", self.options.bin) if self.options.bin
                  else ensure_bin(self.package, log=log, path_fallback=False))
-        node = (self._executable("node", self.config.node) if self.config.node
+        node = (self._executable("node", self.options.node) if self.options.node
                 else ensure_node(NODE_MIN, log=log))
         finish_install(node, entry.resolve())
         return {"bin": str(entry.resolve()), "node": str(node)}
@@ -123,18 +126,18 @@ class OpenClawHarness(Harness):
 
     def program(self) -> list[str]:
         """`[node, openclaw.mjs]`, without installing anything (that is `install`'s job)."""
-        if self.config.bin:
-            entry = self._executable("bin", self.config.bin)
+        if self.options.bin:
+            entry = self._executable("bin", self.options.bin)
         else:
             found = find_bin(self.package)
             if found is None:
                 raise HarnessMissingError(
-                    f"openclaw ({OPENCLAW_PACKAGE}@{self.config.version}) is not installed; "
+                    f"openclaw ({OPENCLAW_PACKAGE}@{self.options.version}) is not installed; "
                     f"`openforge run` installs it, or run: {install_command(self.package)}; "
                     f"or set {BIN_ENV}=/path/to/node_modules/openclaw/openclaw.mjs")
             entry = found
-        if self.config.node:
-            node = self._executable("node", self.config.node)
+        if self.options.node:
+            node = self._executable("node", self.options.node)
         else:
             node = ensure_node(NODE_MIN, install=False)
         return [str(node), str(entry.resolve())]
@@ -146,22 +149,25 @@ class OpenClawHarness(Harness):
     # -- one rollout -----------------------------------------------------------------------
 
     def prepare(self, ctx: HarnessContext) -> None:
-        write_config(ctx, self.config)
+        write_config(ctx, self.options)
+        state_path(ctx).mkdir(parents=True, exist_ok=True)
         # The prompt goes through a file: a task that starts with `-` is not a flag.
         prompt_path(ctx).write_text(ctx.task.prompt)
 
     def agent_timeout_s(self, ctx: HarnessContext) -> int:
         """OpenClaw's own deadline: inside the rollout's, so it reports a timeout itself."""
-        left = ctx.timeout_s - _ROLLOUT_RESERVE_S - self.config.timeout_margin_s
+        left = ctx.timeout_s - _ROLLOUT_RESERVE_S - self.options.timeout_margin_s
         return max(_MIN_TIMEOUT_S, int(left))
 
     def command(self, ctx: HarnessContext) -> Command:
         cfg = config_path(ctx)
         argv = [*self.program(), "agent", "exec", "--config", str(cfg),
                 "--model", f"{PROVIDER}/{ctx.model}", "--cwd", str(ctx.workspace),
-                "--timeout", str(self.agent_timeout_s(ctx)), "--json"]
-        if self.config.thinking:
-            argv += ["--thinking", self.config.thinking]
+                "--timeout", str(self.agent_timeout_s(ctx)), "--json",
+                # A state directory that outlives the run: its session events are read back.
+                "--state-dir", str(state_path(ctx))]
+        if self.options.thinking:
+            argv += ["--thinking", self.options.thinking]
         argv += ["--message-file", str(prompt_path(ctx))]
         env = {"HOME": str(ctx.home), "OPENCLAW_CONFIG_PATH": str(cfg), "NO_COLOR": "1",
                "FORCE_COLOR": "0",
@@ -176,7 +182,11 @@ class OpenClawHarness(Harness):
         output = to_output(proc)
         if isinstance(output.transcript, dict):
             output.transcript["model_requests"] = model_requests(parse_envelope(proc.stdout))
-            output.transcript["api"] = self.config.api
+            output.transcript["api"] = self.options.api
+            # OpenClaw's own session transcript (what QwenClawBench's graders read).
+            sid = output.transcript.get("sessionId")
+            output.transcript["session_events"] = read_events(
+                state_path(ctx), sid if isinstance(sid, str) else None)
         return output
 
 
@@ -185,5 +195,8 @@ _BY_API = wire_api_variants(OpenClawHarness)
 
 def create(**options: Any) -> OpenClawHarness:
     """OpenClaw (`openclaw agent exec`, npm openclaw): chat, Responses or Messages by option `api`."""
-    api = validate_options(OpenClawOptions, options, "openclaw").api
+    api = check_options(OpenClawOptions, options, "harness 'openclaw'").api
     return _BY_API[api](**options)
+
+
+create.options_model = OpenClawOptions  # type: ignore[attr-defined]

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from openforge.hookspecs import Register, hookimpl
-
-
-def openclaw(**options: Any) -> Any:
-    """OpenClaw (`openclaw agent exec`, npm openclaw): chat, Responses or Messages by option `api`."""
-    from openforge_openclaw.harness import create
-
-    return create(**options)
+from openforge.plugins import lazy
 
 
 @hookimpl
 def register_harnesses(register: Register) -> None:
-    register("openclaw", openclaw)
+    register("openclaw", lazy("openforge_openclaw.harness:create"),
+             "OpenClaw (`openclaw agent exec`, npm openclaw): chat, Responses or Messages by option `api`.")

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from openforge_gui.actions import Action
-from openforge_gui.computer import ActionFailed, Computer, ComputerEnvironment
+from openforge_gui.computer import ActionFailed, Computer, ComputerEnvironment, ComputerOptions
+from pydantic import Field
 
 from openforge.types import RewardResult, Task
 from openforge_osworld.actions import (
@@ -76,13 +77,64 @@ class OSWorldComputer(Computer):
         self.desktop.close()
 
 
+class OSWorldOptions(ComputerOptions):
+    """Options of the `osworld` environment."""
+
+    max_steps: int = Field(default=15, ge=1)
+    """Actions per episode at most (OSWorld-Verified's smallest step budget)."""
+    tasks_dir: Path | None = None
+    """A folder of OSWorld task files, e.g. OSWorld's evaluation_examples (required)."""
+    index: str | None = None
+    """An index file under tasks_dir selecting the tasks (default: <split>.json for a split)."""
+    domains: list[str] | str | None = None
+    """Only these domains (a list, or a comma-separated string)."""
+    action_space: str = "pyautogui"
+    """How actions reach DesktopEnv: pyautogui or computer_13."""
+    provider: str = "docker"
+    """DesktopEnv's provider_name: docker, vmware, virtualbox, aws, ..."""
+    cache_dir: Path | None = None
+    """DesktopEnv's cache_dir (default: under the workspace)."""
+    screen_width: int = 1920
+    """The VM's screen width."""
+    screen_height: int = 1080
+    """The VM's screen height."""
+    python: str | None = None
+    """The interpreter that has desktop-env (default: this one)."""
+    worker_env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables of the DesktopEnv worker process."""
+    setup_timeout_s: float = 1800.0
+    """Seconds for DesktopEnv's start, reset and evaluate."""
+    pause: float = 2.0
+    """Seconds DesktopEnv waits after each action."""
+    step_timeout_s: float = 300.0
+    """Seconds per action."""
+    path_to_vm: str | None = None
+    """Passed to DesktopEnv as is."""
+    region: str | None = None
+    """Passed to DesktopEnv as is."""
+    snapshot_name: str | None = None
+    """Passed to DesktopEnv as is."""
+    headless: bool | None = None
+    """Passed to DesktopEnv as is."""
+    require_a11y_tree: bool | None = None
+    """Passed to DesktopEnv as is."""
+    os_type: str | None = None
+    """Passed to DesktopEnv as is."""
+    client_password: str | None = None
+    """Passed to DesktopEnv as is."""
+    enable_proxy: bool | None = None
+    """Passed to DesktopEnv as is."""
+
+
 class OSWorldEnvironment(ComputerEnvironment):
     """OSWorld desktop tasks on a DesktopEnv VM (docker, vmware, virtualbox, aws, ...)."""
 
+    options_model = OSWorldOptions
+    options: OSWorldOptions
+
     def __init__(self, **options: Any) -> None:
-        options.setdefault("max_steps", 15)  # OSWorld-Verified's smallest step budget
         super().__init__(**options)
-        self.action_space = str(options.get("action_space", "pyautogui"))
+        self.action_space = self.options.action_space
         if self.action_space not in ACTION_SPACES:
             raise ValueError(f"osworld: action_space must be one of {', '.join(ACTION_SPACES)}, "
                              f"not {self.action_space!r}")
@@ -94,18 +146,18 @@ class OSWorldEnvironment(ComputerEnvironment):
     def tasks(self, split: str | None = None) -> Iterable[Task]:
         """Task files under `tasks_dir` (its `examples/` folder when it has one), selected by
         the `index` option or, for a split, by the index file `<tasks_dir>/<split>.json`."""
-        if not self.options.get("tasks_dir"):
+        if not self.options.tasks_dir:
             raise TaskFileError("osworld: set the `tasks_dir` option to a folder of OSWorld task "
                                 "files (e.g. OSWorld's evaluation_examples)")
-        root = Path(self.options["tasks_dir"]).expanduser()
+        root = Path(self.options.tasks_dir).expanduser()
         examples = root / "examples" if (root / "examples").is_dir() else root
-        index = self.options.get("index")
+        index = self.options.index
         index_path = (root / index) if index else None
         if split is not None and index_path is None:
             index_path = root / f"{split}.json"
             if not index_path.is_file():
                 raise TaskFileError(f"osworld: no index {index_path} for the split {split!r}")
-        domains = self.options.get("domains")
+        domains = self.options.domains
         if isinstance(domains, str):
             domains = [d.strip() for d in domains.split(",") if d.strip()]
         for domain, task in iter_tasks(examples, index_path, domains):
@@ -119,14 +171,15 @@ class OSWorldEnvironment(ComputerEnvironment):
         """DesktopEnv's keyword arguments for this rollout."""
         opts = self.options
         kwargs: dict[str, Any] = {
-            "provider_name": opts.get("provider", "docker"),
+            "provider_name": opts.provider,
             "action_space": self.action_space,
-            "cache_dir": str(Path(opts.get("cache_dir") or workspace / ".openforge" / "osworld-cache")),
-            "screen_size": [int(opts.get("screen_width", 1920)), int(opts.get("screen_height", 1080))],
+            "cache_dir": str(Path(opts.cache_dir or workspace / ".openforge" / "osworld-cache")),
+            "screen_size": [opts.screen_width, opts.screen_height],
             "headless": True,
             "require_a11y_tree": False,
         }
-        kwargs.update({k: opts[k] for k in _DESKTOP_OPTIONS if k in opts})
+        given = opts.model_dump(include=set(_DESKTOP_OPTIONS), exclude_none=True)
+        kwargs.update(given)
         if kwargs.get("path_to_vm") and kwargs["provider_name"] in ("vmware", "virtualbox"):
             # A local VM file: absolute, since the worker runs in another working directory.
             kwargs["path_to_vm"] = str(Path(kwargs["path_to_vm"]).expanduser().resolve())
@@ -137,10 +190,10 @@ class OSWorldEnvironment(ComputerEnvironment):
             raise ValueError(f"osworld: task {task.id} carries no OSWorld task JSON")
         log_dir = workspace / ".openforge"
         log_dir.mkdir(parents=True, exist_ok=True)
-        worker_env = {str(k): str(v) for k, v in (self.options.get("worker_env") or {}).items()}
-        desktop = DesktopClient(str(self.options.get("python") or sys.executable), env=worker_env,
+        worker_env = dict(self.options.worker_env)
+        desktop = DesktopClient(self.options.python or sys.executable, env=worker_env,
                                 stderr_path=log_dir / "desktop-env.log", cwd=log_dir)
-        setup_timeout = float(self.options.get("setup_timeout_s", 1800))
+        setup_timeout = self.options.setup_timeout_s
         try:
             desktop.call("start", options=self.desktop_options(workspace), timeout_s=setup_timeout)
             desktop.call("reset", task_config=task.data["osworld"], timeout_s=setup_timeout)
@@ -149,8 +202,8 @@ class OSWorldEnvironment(ComputerEnvironment):
             raise
         self._score = None
         self.computer = OSWorldComputer(desktop, self.action_space,
-                                        pause=float(self.options.get("pause", 2.0)),
-                                        step_timeout_s=float(self.options.get("step_timeout_s", 300)))
+                                        pause=self.options.pause,
+                                        step_timeout_s=self.options.step_timeout_s)
         return self.computer
 
     def final_state(self, task: Task, workspace: Path) -> dict[str, Any]:
@@ -171,7 +224,7 @@ class OSWorldEnvironment(ComputerEnvironment):
         if self.computer is None:
             raise RuntimeError("osworld: evaluate() before prepare(): no DesktopEnv is running")
         if self._score is None:
-            timeout = float(self.options.get("setup_timeout_s", 1800))
+            timeout = self.options.setup_timeout_s
             self._score = float(self.computer.desktop.call("evaluate", timeout_s=timeout)["score"])
         return self._score
 

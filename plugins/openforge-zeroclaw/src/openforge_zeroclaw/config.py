@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from openforge.harness import (
     HarnessContext,
@@ -26,6 +26,7 @@ from openforge.harness import (
     merge_config,
     provider_base_url,
 )
+from openforge.options import PluginOptions
 
 ALIAS = "of"
 SCHEMA_VERSION = 3
@@ -33,10 +34,9 @@ Api = Literal["chat", "responses", "messages"]
 WIRE_API: dict[Api, WireAPI] = {"chat": "chat", "responses": "responses", "messages": "messages"}
 
 
-class ZeroClawOptions(BaseModel):
+class ZeroClawOptions(PluginOptions):
     """Options of the `zeroclaw` harness (`harness_options` in the run config)."""
 
-    model_config = ConfigDict(extra="forbid")
 
     api: Api = "chat"
     bin: str | None = None  # the zeroclaw binary; default $ZEROCLAW_BIN, then PATH

@@ -26,9 +26,9 @@ from openforge.harness import (
     HarnessOutput,
     ProcessOutput,
     WireAPI,
-    validate_options,
     wire_api_variants,
 )
+from openforge.options import check_options
 from openforge_zeroclaw.config import ALIAS, ZeroClawOptions, config_dir, write_config
 
 BIN_ENV = "ZEROCLAW_BIN"
@@ -62,25 +62,24 @@ class ZeroClawHarness(Harness):
 
     wire_api: ClassVar[WireAPI] = "chat"
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
-        self.config = validate_options(ZeroClawOptions, options, "zeroclaw")
+    options_model = ZeroClawOptions
+    options: ZeroClawOptions
 
     def install(self, log: Callable[[str], None] = print) -> dict[str, Any]:
-        return {"bin": str(find_zeroclaw(self.config.bin))}
+        return {"bin": str(find_zeroclaw(self.options.bin))}
 
     def check(self) -> None:
-        find_zeroclaw(self.config.bin)
+        find_zeroclaw(self.options.bin)
 
     def prepare(self, ctx: HarnessContext) -> None:
-        write_config(ctx, self.config)
+        write_config(ctx, self.options)
 
     def program_paths(self) -> list[Path]:
         """The zeroclaw binary (the sandbox maps it read-only)."""
-        return [Path(find_zeroclaw(self.config.bin)).resolve()]
+        return [Path(find_zeroclaw(self.options.bin)).resolve()]
 
     def command(self, ctx: HarnessContext) -> Command:
-        argv = [str(find_zeroclaw(self.config.bin)), "agent", "-a", ALIAS,
+        argv = [str(find_zeroclaw(self.options.bin)), "agent", "-a", ALIAS,
                 # `--message=TASK`: a task that starts with `-` stays the message.
                 f"--message={ctx.task.prompt}"]
         env = {"HOME": str(ctx.home), "ZEROCLAW_CONFIG_DIR": str(config_dir(ctx)),
@@ -119,4 +118,7 @@ _BY_API = wire_api_variants(ZeroClawHarness)
 
 def create(**options: Any) -> ZeroClawHarness:
     """ZeroClaw (`zeroclaw agent -m`, Rust binary from ZEROCLAW_BIN or PATH): chat, Responses or Messages."""
-    return _BY_API[validate_options(ZeroClawOptions, options, "zeroclaw").api](**options)
+    return _BY_API[check_options(ZeroClawOptions, options, "harness 'zeroclaw'").api](**options)
+
+
+create.options_model = ZeroClawOptions  # type: ignore[attr-defined]

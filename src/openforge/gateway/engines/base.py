@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from openforge.errors import OpenforgeError
 from openforge.gateway.conversation import ChatRequest, Completion
+from openforge.options import Plugin
 from openforge.types import SamplingParams
 
 
@@ -58,7 +59,7 @@ class GenerateResult(BaseModel):
     completion: Completion | None = None
 
 
-class Engine(ABC):
+class Engine(Plugin, ABC):
     """Base class of engine plugins.
 
     The factory is called as `factory(model=ModelBundle, **options)`; `model` holds the
@@ -67,10 +68,11 @@ class Engine(ABC):
     """
 
     exact_tokens: ClassVar[bool] = True
+    kind = "engine"
 
     def __init__(self, model: Any = None, **options: Any) -> None:
+        super().__init__(**options)
         self.model = model
-        self.options = options
 
     @abstractmethod
     async def generate(self, request: GenerateRequest) -> GenerateResult:

@@ -8,7 +8,10 @@ fine for evaluation and SFT data, not for on-policy RL. Logprobs are 0.0.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
+
+from pydantic import Field
 
 from openforge.gateway.conversation import Completion, FinishReason, Message, ToolCall
 from openforge.gateway.engines.base import (
@@ -20,13 +23,34 @@ from openforge.gateway.engines.base import (
 )
 from openforge.gateway.engines.local import EngineLog, EngineLogEntry
 from openforge.gateway.render import new_tool_call_id
+from openforge.options import PluginOptions
 
-# Options that are ours; everything else goes to litellm.acompletion as is
-# (api_base, api_key, mock_response, timeout, extra_headers, ...).
-_OWN_OPTIONS = {"litellm_model", "log_size"}
+
+class LiteLLMOptions(PluginOptions):
+    """Options of the `litellm` engine (`engine.options`)."""
+
+    litellm_model: str
+    """A litellm model string, e.g. "openai/gpt-4o-mini" (the option `model` is the policy's
+    tokenizer bundle, hence the name)."""
+    api_base: str | None = None
+    """The provider's base URL, e.g. an OpenAI-compatible server's http://HOST:PORT/v1."""
+    api_key: str | None = None
+    """The provider's key (default: litellm reads the provider's usual variable)."""
+    timeout: float | None = None
+    """Seconds per request."""
+    num_retries: int | None = None
+    """litellm's own retries per request."""
+    completion_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Any other litellm.acompletion keyword (extra_headers, mock_response, ...), as is."""
+    log_size: int = Field(default=10_000, ge=0)
+    """Generations kept in the engine's in-memory log."""
 
 
 def _import_litellm() -> Any:
+    # litellm fetches a model price list from GitHub when imported (retrying for ~10 s
+    # where that is unreachable); its bundled copy does: nothing leaves the machine but
+    # the model calls themselves.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     try:
         import litellm
     except ImportError:
@@ -36,21 +60,20 @@ def _import_litellm() -> Any:
 
 
 class LiteLLMEngine(Engine):
-    """Options: `litellm_model` (a litellm model string, e.g. "openai/gpt-4o-mini"; the
-    keyword `model` is taken by the policy's ModelBundle), and any litellm.acompletion
-    keyword (api_base, api_key, timeout, mock_response, ...)."""
+    """Hosted providers through litellm; text only, calls flagged exact_tokens=false."""
 
     exact_tokens = False
+    options_model = LiteLLMOptions
+    options: LiteLLMOptions
 
     def __init__(self, model: Any = None, **options: Any) -> None:
         super().__init__(model, **options)
-        self.litellm_model = options.get("litellm_model")
-        if not self.litellm_model or not isinstance(self.litellm_model, str):
-            raise EngineConfigError("the litellm engine needs litellm_model=PROVIDER/MODEL "
-                                    "(a litellm model string)")
+        self.litellm_model = self.options.litellm_model
         self._litellm = _import_litellm()
-        self._extra = {k: v for k, v in options.items() if k not in _OWN_OPTIONS}
-        self.log = EngineLog(int(options.get("log_size", 10_000)))
+        given = self.options.model_dump(include={"api_base", "api_key", "timeout", "num_retries"},
+                                        exclude_none=True)
+        self._extra = {**given, **self.options.completion_kwargs}
+        self.log = EngineLog(self.options.log_size)
 
     @property
     def weight_version(self) -> str:

@@ -15,6 +15,8 @@ import weakref
 from array import array
 from typing import Any, Literal
 
+from pydantic import Field
+
 from openforge.gateway.engines.base import (
     Engine,
     EngineConfigError,
@@ -22,6 +24,7 @@ from openforge.gateway.engines.base import (
     GenerateRequest,
     GenerateResult,
 )
+from openforge.options import PluginOptions
 from openforge.types import SamplingParams
 
 Finish = Literal["stop", "length"]
@@ -80,25 +83,35 @@ class EngineLog(collections.deque):
             logprobs=logprobs, finish_reason=finish_reason))
 
 
-class LocalEngine(Engine):
-    """Generate with a transformers model loaded from the bundle's folder.
+class LocalEngineOptions(PluginOptions):
+    """Options of the `local` engine (`engine.options`)."""
 
-    Options: `device` ("cpu", "cuda", default: cuda when available), `dtype` ("float32",
-    "bfloat16", "float16"), `log_size` (entries kept in `self.log`).
-    """
+    device: str | None = None
+    """"cpu", "cuda", "cuda:1"... (default: cuda when available)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The weights' dtype."""
+    log_size: int = Field(default=10_000, ge=0)
+    """Generations kept in the engine's in-memory log (tests read it)."""
+
+
+class LocalEngine(Engine):
+    """Generate with a transformers model loaded from the bundle's folder."""
+
+    options_model = LocalEngineOptions
+    options: LocalEngineOptions
 
     def __init__(self, model: Any = None, **options: Any) -> None:
         super().__init__(model, **options)
         if model is None or getattr(model, "path", None) is None:
             raise EngineConfigError("the local engine needs a model bundle (e.g. --model tiny)")
-        self.log = EngineLog(int(options.get("log_size", 10_000)))
+        self.log = EngineLog(self.options.log_size)
         self._version = 0
         self._model_lock = threading.Lock()
         # One asyncio lock per event loop: tests and stand-ins drive one engine from several.
         self._locks: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDictionary()
-        self._lm, self._device = self._load(options)
+        self._lm, self._device = self._load(self.options)
 
-    def _load(self, options: dict[str, Any]) -> tuple[Any, Any]:
+    def _load(self, options: LocalEngineOptions) -> tuple[Any, Any]:
         import torch
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
@@ -107,11 +120,8 @@ class LocalEngine(Engine):
         # progress display; errors still show.
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-        device = options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype_name = str(options.get("dtype", "float32"))
-        dtype = getattr(torch, dtype_name, None)
-        if not isinstance(dtype, torch.dtype):
-            raise EngineConfigError(f"local engine: unknown dtype {dtype_name!r}")
+        device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = getattr(torch, options.dtype)
         try:
             lm: Any = AutoModelForCausalLM.from_pretrained(str(self.model.path), dtype=dtype)
         except Exception as exc:

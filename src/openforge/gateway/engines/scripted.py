@@ -5,8 +5,10 @@ the exact completion ids the chat template would hold for that assistant turn (e
 its stop token), so everything downstream (parsing, bridging, recording, training data)
 runs on the real path. Logprobs are 0.0.
 
-Script format (YAML or JSON): a list of entries, the first whose `match` regex is found in
-the conversation's first user message wins (no `match`: any)::
+Script format (YAML or JSON): a list of entries; the first whose `match` regex is found in
+the conversation's first user message wins, else in its next user message, and so on (a
+harness may send its own context before the task, as Codex does); an entry without
+`match` takes any conversation no other entry matched::
 
     - match: "list files"
       replies:
@@ -38,6 +40,7 @@ from openforge.gateway.engines.base import (
 )
 from openforge.gateway.engines.local import EngineLog, Finish
 from openforge.gateway.render import assistant_turn_ids, new_tool_call_id
+from openforge.options import PluginOptions
 
 
 class ScriptToolCall(BaseModel):
@@ -112,32 +115,45 @@ def _validate(data: Any, where: str) -> Script:
         raise EngineConfigError(f"{where}: {loc}: {err['msg']}") from None
 
 
+class ScriptedOptions(PluginOptions):
+    """Options of the `scripted` engine (`engine.options`; `--script` sets `script`)."""
+
+    script: Path | None = None
+    """A script file, YAML or JSON (docs/scripted-policies.md)."""
+    entries: list[Any] | None = None
+    """The script's entries inline, instead of a file."""
+    replies: list[Any] | None = None
+    """One entry's replies inline (answers every conversation)."""
+    delay_s: float = Field(default=0.0, ge=0)
+    """Seconds to sleep before each reply."""
+    log_size: int = Field(default=10_000, ge=0)
+    """Generations kept in the engine's in-memory log."""
+
+
 class ScriptedEngine(Engine):
-    """Options: `script` (file path) or `replies` (inline list of replies) or `entries`
-    (inline list of entries); `delay_s` (sleep per generate); `log_size`."""
+    """Replies from a script file, tokenized with the session's tokenizer (tests, demos)."""
+
+    options_model = ScriptedOptions
+    options: ScriptedOptions
 
     def __init__(self, model: Any = None, **options: Any) -> None:
         super().__init__(model, **options)
         if model is None:
             raise EngineConfigError("the scripted engine needs a model bundle (e.g. --model tiny)")
-        if options.get("script"):
-            self.script = load_script(options["script"])
-        elif options.get("entries") is not None:
-            self.script = _validate(options["entries"], "scripted engine option 'entries'")
-        elif options.get("replies") is not None:
-            self.script = _validate([{"replies": options["replies"]}],
-                                    "scripted engine option 'replies'")
+        opts = self.options
+        if opts.script:
+            self.script = load_script(opts.script)
+        elif opts.entries is not None:
+            self.script = _validate(opts.entries, "scripted engine option 'entries'")
+        elif opts.replies is not None:
+            self.script = _validate([{"replies": opts.replies}], "scripted engine option 'replies'")
         else:
             raise EngineConfigError("the scripted engine needs a script: set the option "
                                     "script=PATH (YAML or JSON) or replies=[...]")
-        try:
-            self.delay_s = float(options.get("delay_s", 0.0))
-        except (TypeError, ValueError):
-            raise EngineConfigError(f"scripted engine: delay_s must be a number, "
-                                    f"not {options.get('delay_s')!r}") from None
+        self.delay_s = opts.delay_s
         self._patterns = [re.compile(e.match) if e.match else None for e in self.script.entries]
         self._ids_cache: dict[tuple[int, int, int], list[int]] = {}
-        self.log = EngineLog(int(options.get("log_size", 10_000)))
+        self.log = EngineLog(opts.log_size)
 
     @property
     def weight_version(self) -> str:
@@ -145,18 +161,23 @@ class ScriptedEngine(Engine):
 
     def pick(self, chat: ChatRequest | None) -> tuple[int, int, ScriptReply]:
         """(entry index, reply index, reply) for this conversation's next assistant turn."""
-        first_user = ""
+        users: list[str] = [""]
         turns = 0
         if chat is not None:
-            first_user = next((m.content for m in chat.messages if m.role == "user"),
-                              chat.raw_prompt or "")
+            users = [m.content for m in chat.messages if m.role == "user"] or [
+                chat.raw_prompt or ""]
             turns = sum(1 for m in chat.messages if m.role == "assistant")
-        for i, (entry, pattern) in enumerate(zip(self.script.entries, self._patterns, strict=True)):
-            if pattern is None or pattern.search(first_user):
-                j = min(turns, len(entry.replies) - 1)
-                return i, j, entry.replies[j]
-        raise EngineError("scripted engine: no script entry matches the first user message "
-                          f"{first_user[:80]!r}", 502)
+        entries = list(enumerate(zip(self.script.entries, self._patterns, strict=True)))
+        found = next((i for text in users for i, (_, pattern) in entries
+                      if pattern is not None and pattern.search(text)), None)
+        if found is None:
+            found = next((i for i, (_, pattern) in entries if pattern is None), None)
+        if found is None:
+            raise EngineError("scripted engine: no script entry matches the user messages "
+                              f"{' | '.join(u[:60] for u in users)[:240]!r}", 502)
+        entry = self.script.entries[found]
+        j = min(turns, len(entry.replies) - 1)
+        return found, j, entry.replies[j]
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         if self.delay_s > 0:

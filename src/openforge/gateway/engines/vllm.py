@@ -10,7 +10,9 @@ aiohttp, not httpx: at gateway loads the client's CPU cost dominates (REFERENCE 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from openforge.gateway.engines.base import (
     Engine,
@@ -20,36 +22,50 @@ from openforge.gateway.engines.base import (
     GenerateResult,
 )
 from openforge.gateway.engines.local import EngineLog, Finish
+from openforge.options import PluginOptions
 
-APIS = ("generate", "completions")
+
+class VLLMOptions(PluginOptions):
+    """Options of the `vllm` engine (`engine.options`; `--vllm-url` sets `url`)."""
+
+    url: str | None = None
+    """The vLLM server's root, http://HOST:PORT (required)."""
+    api: Literal["generate", "completions"] = "generate"
+    """Token in / token out through /inference/v1/generate, or /v1/completions with prompt ids."""
+    served_model: str | None = None
+    """Model name for /v1/completions (default: the server's first model)."""
+    api_key: str | None = None
+    """Sent as a Bearer token."""
+    timeout_s: float = Field(default=600.0, gt=0)
+    """Seconds per request."""
+    log_size: int = Field(default=10_000, ge=0)
+    """Generations kept in the engine's in-memory log."""
 
 
 class VLLMEngine(Engine):
-    """Options: `url` (required, the server root), `api` ("generate" or "completions"),
-    `served_model` (model name for /v1/completions; default: the server's first model),
-    `api_key`, `timeout_s` (per request, default 600), `log_size`."""
+    """A vLLM server, token in / token out over HTTP."""
+
+    options_model = VLLMOptions
+    options: VLLMOptions
 
     def __init__(self, model: Any = None, **options: Any) -> None:
         super().__init__(model, **options)
-        url = options.get("url")
-        if not url or not str(url).startswith(("http://", "https://")):
+        url = self.options.url
+        if not url or not url.startswith(("http://", "https://")):
             raise EngineConfigError(
                 f"the vllm engine needs url=http://HOST:PORT (the vLLM server), got {url!r}")
-        self.url = str(url).rstrip("/")
+        self.url = url.rstrip("/")
         if self.url.endswith("/v1"):
             self.url = self.url[:-3]
-        self.api = str(options.get("api", "generate"))
-        if self.api not in APIS:
-            raise EngineConfigError(f"vllm engine: api must be one of {', '.join(APIS)}, "
-                                    f"not {self.api!r}")
-        self.served_model: str | None = options.get("served_model")
-        self.timeout_s = float(options.get("timeout_s", 600))
+        self.api = self.options.api
+        self.served_model: str | None = self.options.served_model
+        self.timeout_s = self.options.timeout_s
         self._headers = {"Content-Type": "application/json"}
-        if options.get("api_key"):
-            self._headers["Authorization"] = f"Bearer {options['api_key']}"
+        if self.options.api_key:
+            self._headers["Authorization"] = f"Bearer {self.options.api_key}"
         self._session: Any = None
         self._version: str | None = None
-        self.log = EngineLog(int(options.get("log_size", 10_000)))
+        self.log = EngineLog(self.options.log_size)
 
     @property
     def weight_version(self) -> str | None:

@@ -1,0 +1,111 @@
+"""A bug in plugin code is a `plugin_error`: not retried, not scored, and shown as such, with
+one consistent set of figures, in the headline, the progress bar, every report section,
+`openforge runs` and the exported training data."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from openforge.metrics import AttemptOutcome, summarize
+
+HERE = Path(__file__).parent
+TASKS = [
+    {"id": "fine", "prompt": "Create hello.txt containing exactly: Hello, world!",
+     "check": {"files": {"hello.txt": "Hello, world!"}}},
+    {"id": "score-bug", "prompt": "Create hello.txt containing exactly: Hello, world!",
+     "check": {"files": {"hello.txt": "Hello, world!"}}},
+    {"id": "prepare-bug", "prompt": "Create hello.txt containing exactly: Hello, world!",
+     "check": {"files": {"hello.txt": "Hello, world!"}}},
+]
+SCRIPT = """
+- replies:
+    - tool_calls: [{name: write_file, arguments: {path: hello.txt, content: "Hello, world!"}}]
+    - content: "Created hello.txt."
+"""
+
+
+def openforge(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(HERE), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "openforge.cli", *args], capture_output=True,
+                          text=True, timeout=600, cwd=cwd, env=env)
+
+
+def test_plugin_errors_are_counted_apart_everywhere(tmp_path: Path) -> None:
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+    (tmp_path / "script.yaml").write_text(SCRIPT)
+    out = openforge("run", "--env", "plugin_bugs:PrepareBugEnvironment", "--reward",
+                    "plugin_bugs:ScoreBugReward", "--set", "environment_options.path=tasks.jsonl",
+                    "--engine", "scripted", "--script", "script.yaml", "--runs-dir", "runs",
+                    "--concurrency", "1", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    [run_dir] = list((tmp_path / "runs").iterdir())
+    records = {r["task_id"]: r for r in map(json.loads,
+                                            (run_dir / "results.jsonl").read_text().splitlines())}
+    assert {t: r["status"] for t, r in records.items()} == {
+        "fine": "ok", "score-bug": "plugin_error", "prepare-bug": "plugin_error"}
+    assert all(r["tries"] == 1 for r in records.values())  # a bug is not retried
+    assert records["score-bug"]["reward"] is None and not records["score-bug"]["passed"]
+    assert records["score-bug"]["error"] == (
+        "reward 'plugin_bugs:ScoreBugReward' raised ZeroDivisionError: division by zero "
+        "while scoring (score)")
+    assert records["prepare-bug"]["error"].startswith(
+        "environment 'plugin_bugs:PrepareBugEnvironment' raised KeyError: 'fixture' while "
+        "preparing the environment (prepare)")
+
+    headline = ("pass@1 1.000 over 1 scored of 3 attempts (1 passed, mean reward 1.000); "
+                "left out: 2 plugin errors, 0 infrastructure failures")
+    stdout = " ".join(out.stdout.split())  # rich wraps long lines
+    assert headline in stdout
+    assert "pass 100% of 1 scored plugin errors 2 infra failures 0" in stdout  # progress bar
+    assert "2 attempts ended in a plugin error (not scored, not retried)" in stdout
+
+    report = json.loads((run_dir / "report.json").read_text())
+    s = report["summary"]
+    assert (s["attempts"], s["scored"], s["passed"], s["plugin_errors"], s["infra_failures"]) \
+        == (3, 1, 1, 2, 0)
+    assert s["headline"] == headline and report["pass_at_k"] == {"1": 1.0}
+    rows = {r["task_id"]: r for r in report["tasks"]}
+    assert rows["score-bug"]["plugin_errors"] == 1 and rows["score-bug"]["n"] == 0
+    behaviours = report["behaviours"]
+    assert behaviours["unscored_trials"] == 2
+    assert behaviours["failure_categories"] == {"plugin_error": 2}
+    html = (run_dir / "report.html").read_text()
+    assert headline in html
+    assert "2 attempts ended in a plugin error" in html
+    assert "the 2 not scored (plugin errors, infrastructure failures) as failed" in html
+    assert html.count("plugin error</span>") == 2  # each attempt labelled
+
+    # What the summary says of the training data is what the export writes.
+    trajectories = report["trajectories"]
+    assert trajectories["sessions_left_out"] == {"plugin errors": 1}  # prepare-bug made no call
+    export = openforge("export", str(run_dir), "--format", "samples", "--out", "samples",
+                       cwd=tmp_path)
+    assert export.returncode == 0, export.stderr
+    samples = pq.read_table(tmp_path / "samples" / "data.parquet").to_pylist()
+    assert len(samples) == trajectories["samples"]
+    assert {r["task_id"] for r in samples} == {"fine"}
+    assert f"-> {trajectories['samples']} samples" in stdout
+    assert "sessions left out: plugin errors 1" in stdout
+
+    runs = openforge("runs", "runs", cwd=tmp_path)
+    row = runs.stdout.splitlines()[1].split()
+    assert row[-7:] == ["1", "1", "1.000", "2", "0", "1.000", "yes"]
+
+
+def test_the_figures_come_from_one_summary() -> None:
+    outcomes = [AttemptOutcome(task_id="a", status="ok", reward=1.0, passed=True),
+                AttemptOutcome(task_id="b", status="plugin_error"),
+                AttemptOutcome(task_id="c", status="timeout"),
+                AttemptOutcome(task_id="d", status="harness_error", reward=0.0)]
+    m = summarize(outcomes, 1)
+    assert (m.attempts, m.scored, m.passed, m.plugin_errors, m.infra_failures) == (4, 2, 1, 1, 1)
+    assert m.pass_at == {1: 0.5}
+    assert m.headline() == ("pass@1 0.500 over 2 scored of 4 attempts (1 passed, mean reward "
+                            "0.500); left out: 1 plugin errors, 1 infrastructure failures")
+    assert m.progress() == "pass 50% of 2 scored  plugin errors 1  infra failures 1"
