@@ -61,7 +61,8 @@ def run_standin(port: int, latency_s: float) -> None:
     from aiohttp import web
 
     from openforge.gateway.conversation import Message, Tool, ToolCall
-    from openforge.gateway.render import assistant_turn_ids, load_model_bundle
+    from openforge.gateway.model import load_model_bundle
+    from openforge.gateway.render import assistant_turn_ids
 
     bundle = load_model_bundle("tiny")
     call = ToolCall(id="call_1", name="shell", arguments=json.dumps(TOOL_ARGS))

@@ -30,7 +30,7 @@ from openforge import plugins  # noqa: E402
 from openforge.config import EngineConfig, GatewayConfig  # noqa: E402
 from openforge.environment import Environment  # noqa: E402
 from openforge.executors.kubernetes import KubernetesExecutor  # noqa: E402
-from openforge.gateway.render import load_model_bundle  # noqa: E402
+from openforge.gateway.model import load_model_bundle  # noqa: E402
 from openforge.gateway.server import Gateway  # noqa: E402
 from openforge.harness import Command, Harness, HarnessContext  # noqa: E402
 from openforge.store import Store  # noqa: E402

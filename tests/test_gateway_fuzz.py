@@ -24,7 +24,7 @@ from starlette.testclient import TestClient
 from openforge import plugins
 from openforge.config import EngineConfig, GatewayConfig
 from openforge.gateway.app import GatewayState, create_app
-from openforge.gateway.render import ModelBundle
+from openforge.gateway.model import ModelBundle
 from openforge.gateway.server import Gateway
 from openforge.store import Store
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from openforge import plugins
 from openforge.config import EngineConfig, GatewayConfig
-from openforge.gateway.render import ModelBundle
+from openforge.gateway.model import ModelBundle
 from openforge.gateway.server import Gateway
 from openforge.store import Store
 from openforge.trajectory import (

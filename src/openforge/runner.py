@@ -105,9 +105,8 @@ class RunSummary(BaseModel):
 
 def _close_session(gateway: Any, session_id: str) -> None:
     """Close the session in the gateway (drops its token cache) or, failing that, in the store."""
-    sessions = getattr(getattr(gateway, "state", None), "sessions", None)
-    if sessions is not None and hasattr(sessions, "close"):
-        sessions.close(session_id)
+    if hasattr(gateway, "close_session"):
+        gateway.close_session(session_id)
     else:
         gateway.store.close_session(session_id)
 
@@ -261,7 +260,8 @@ class Runner:
                 run_id=self.run_id, rollout_id=rollout_id, attempt=attempt, task=task,
                 harness=cfg.harness, harness_options=self._harness_options,
                 environment=cfg.environment, environment_options=cfg.environment_options,
-                reward=cfg.reward, reward_options=cfg.reward_options, gateway_url=gateway.url,
+                reward=cfg.reward, reward_options=cfg.reward_options,
+                gateway_url=gateway.url_for(session),
                 session_token=session.token, model=cfg.gateway.served_model_name,
                 timeout_s=cfg.timeout_s)
             try:

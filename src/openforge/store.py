@@ -423,6 +423,11 @@ class Store:
             f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE token = ?", (token,)).fetchone()
         return _row_to_session(row) if row else None
 
+    def open_session_ids(self) -> list[str]:
+        """The ids of every open session."""
+        rows = self._conn().execute("SELECT id FROM sessions WHERE status = 'open'").fetchall()
+        return [r[0] for r in rows]
+
     def list_sessions(self, run_id: str | None = None) -> list[Session]:
         """Sessions in creation order, all or those of one run."""
         if run_id is None:

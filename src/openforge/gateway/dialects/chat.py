@@ -156,6 +156,8 @@ class ChatDialect(Dialect):
     """OpenAI chat completions."""
 
     name = "chat"
+    paths = ("/chat/completions",)
+    id_prefix = "chatcmpl-"
 
     def parse(self, body: Any, *, memo: HistoryMemo | None = None) -> ChatRequest:
         body = require_object(body)

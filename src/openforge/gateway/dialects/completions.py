@@ -71,6 +71,8 @@ class CompletionsDialect(Dialect):
     """OpenAI legacy text completions."""
 
     name = "completions"
+    paths = ("/completions",)
+    id_prefix = "cmpl-"
 
     def parse(self, body: Any, *, memo: HistoryMemo | None = None) -> ChatRequest:
         # A prompt is one text (or id list), not a history of items: nothing to reuse.

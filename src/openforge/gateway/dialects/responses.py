@@ -248,6 +248,8 @@ class ResponsesDialect(Dialect):
     """OpenAI Responses."""
 
     name = "responses"
+    paths = ("/responses",)
+    id_prefix = "resp_"
 
     def parse(self, body: Any, *, memo: HistoryMemo | None = None) -> ChatRequest:
         body = require_object(body)
