@@ -202,7 +202,7 @@ def vllm_server(tiny_bundle):
 
 @pytest.mark.parametrize("api", ["generate", "completions"])
 async def test_vllm_token_in_token_out(vllm_server, tiny_bundle, api):
-    engine = VLLMEngine(tiny_bundle, url=vllm_server.url, api=api)
+    engine = VLLMEngine(tiny_bundle, url=vllm_server.url, api=api, log_size=8)
     _, prompt = _prompt(tiny_bundle)
     sampling = SamplingParams(temperature=1.0, max_tokens=6, seed=3)
     try:

@@ -83,7 +83,7 @@ class RenderedPrompt:
     """
 
     __slots__ = ("prompt_ids", "branch", "branch_reason", "bridged", "parent_version",
-                 "message_keys", "tools_key", "extends")
+                 "message_keys", "tools_key", "extends", "_json")
 
     def __init__(self, prompt_ids: list[int], branch: int, branch_reason: str | None = None,
                  *, bridged: bool = False, parent_version: int = -1) -> None:
@@ -94,9 +94,23 @@ class RenderedPrompt:
         self.parent_version = parent_version
         self.message_keys: tuple[int, ...] | None = None
         self.tools_key = 0
-        # (branch prompt, branch completion) when prompt_ids starts with exactly those:
-        # commit then copies arrays instead of converting every id again.
-        self.extends: tuple[array, array] | None = None
+        # The branch's (prompt, completion, JSON text) when prompt_ids starts with exactly
+        # that prompt + completion, as they were at render time: commit then copies arrays,
+        # and the JSON text of the ids is extended, not rebuilt.
+        self.extends: tuple[array, array, str] | None = None
+        self._json: str | None = None
+
+    def prompt_json(self) -> str:
+        """`prompt_ids` as a compact JSON array, built from the branch's text when it
+        extends one (the new ids only are converted)."""
+        if self._json is None:
+            if self.extends is not None and self.extends[2]:
+                prompt, completion, text = self.extends
+                new = self.prompt_ids[len(prompt) + len(completion):]
+                self._json = f"{text},{','.join(map(str, new))}]" if new else text + "]"
+            else:
+                self._json = _encode_ids(self.prompt_ids)
+        return self._json
 
 
 @dataclass
@@ -116,6 +130,8 @@ class Branch:
     version: int = 0
     pending_key: int | None = None  # what opened it, while nothing is committed yet
     last_prompt_role: str | None = None  # role of the last prompt message of the last call
+    # prompt + completion as JSON text without the closing bracket ("[1,2,3"); "" if unknown.
+    json: str = ""
 
 
 def _message_key(m: Message) -> int:
@@ -147,6 +163,9 @@ def _canonical_arguments(text: str) -> str:
 def _tools_key(tools: list[Tool]) -> int:
     return hash(tuple((t.name, t.description, json.dumps(t.parameters, sort_keys=True))
                       for t in tools))
+
+
+_encode_ids = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def ids_array(ids: Sequence[int]) -> array:
@@ -230,14 +249,16 @@ class SessionTokens:
 
     # -- render ---------------------------------------------------------------------------
 
-    def render(self, request: ChatRequest) -> RenderedPrompt:
+    def render(self, request: ChatRequest, body_bytes: int | None = None) -> RenderedPrompt:
         """The prompt ids for `request`, extending a branch's exact ids when it can.
 
         Raises `PromptError` (a 400 for the client) for a prompt the model cannot take:
         beyond its context window, ids outside its vocabulary, unrenderable shapes.
+        `body_bytes` (the request body's size, when known) spares the size check a look at
+        every message of a small request.
         """
         bundle = self.bundle
-        check_prompt_size(bundle, request)
+        check_prompt_size(bundle, request, body_bytes)
         if request.raw_prompt is not None or request.raw_prompt_ids is not None:
             return self._render_raw(request)
         if not request.messages:
@@ -306,7 +327,7 @@ class SessionTokens:
                 return self._new_branch(ids, BRANCH_TEMPLATE_REWRITE, request,
                                         keys=keys, tools_key=tools_key)
         out = RenderedPrompt(ids, best.index, bridged=True, parent_version=best.version)
-        out.extends = (best.prompt, best.completion)
+        out.extends = (best.prompt, best.completion, best.json)
         return out
 
     def _open(self, request: ChatRequest, keys: tuple[int, ...], tools_key: int,
@@ -407,7 +428,7 @@ class SessionTokens:
                 shares = True
         if best is not None:
             out = RenderedPrompt(ids, best.index, bridged=True, parent_version=best.version)
-            out.extends = (best.prompt, best.completion)
+            out.extends = (best.prompt, best.completion, best.json)
             return out
         if not self.branches:
             reason = None
@@ -441,8 +462,11 @@ class SessionTokens:
             b = Branch(index=len(self.branches), reason=BRANCH_CONCURRENT,
                        tools_key=b.tools_key, system_key=b.system_key, has_tools=b.has_tools)
             self.branches.append(b)
+        prompt_json = rendered.prompt_json()
         b.prompt = self._prompt_array(rendered)
         b.completion = ids_array(completion_ids)
+        b.json = (f"{prompt_json[:-1]},{','.join(map(str, completion_ids))}" if completion_ids
+                  else prompt_json[:-1])
         keys = rendered.message_keys
         if keys is not None:
             b.message_keys = array("q", keys)
@@ -462,8 +486,7 @@ class SessionTokens:
         """The prompt ids as an array; a bridged prompt reuses its branch's arrays."""
         if rendered.extends is None:
             return ids_array(rendered.prompt_ids)
-        prompt, completion = rendered.extends
-        out = prompt + completion
+        out = rendered.extends[0] + rendered.extends[1]
         out.extend(ids_array(rendered.prompt_ids[len(out):]))
         return out
 

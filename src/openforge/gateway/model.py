@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import threading
 from collections.abc import Iterator
@@ -28,9 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from openforge.errors import OpenforgeError
+from openforge.gateway.memory import release_memory
 
 TINY_MODEL = "tiny"
 TINY_VL_MODEL = "tiny-vl"
+
+# Tokenizing in the render threads is parallel already; the backend's own thread pool would
+# only add threads (and a warning in every process forked after it ran).
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 _MEMO_TEXT = 64  # texts up to this many characters have their ids remembered (all sessions)
 _MEMO_IDS = 8  # id sequences up to this long have their text remembered
@@ -105,6 +111,8 @@ class FastTokenizer:
         self._decoded: dict[tuple[int, ...], str] = {}
         self._token_ids: dict[str, Any] = {}
         self._local = threading.local()
+        # Without character offsets where the backend can (renderers do not use them).
+        self._encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
         self.set_specials_as_text(specials_as_text)
         # Special-token text in a raw prompt: split on it, then encode each piece (what the
         # backend itself does for added tokens that strip nothing).
@@ -148,7 +156,7 @@ class FastTokenizer:
     def encode_long(self, text: str) -> list[int]:
         """Ids of a long text; the GIL is released while the backend works, so a render
         thread tokenizing a large message does not stall the event loop."""
-        return self._backend.encode_batch([text], add_special_tokens=False)[0].ids  # type: ignore[no-any-return]
+        return self._encode_batch([text], add_special_tokens=False)[0].ids  # type: ignore[no-any-return]
 
     def decode(self, token_ids: Any, *args: Any, skip_special_tokens: bool = False,
                **kwargs: Any) -> str:
@@ -368,13 +376,15 @@ def _load(model: str, renderer: str, thinking_retention: str | None) -> ModelBun
     if not protects:
         tokenizer.set_specials_as_text(False)
     vocab = model_config.get("vocab_size") or _text_config(model_config).get("vocab_size")
+    max_token_chars = _max_token_chars(backend)
+    release_memory()  # the JSON and vocabulary tables of loading are garbage now
     return ModelBundle(
         name=model, path=path, tokenizer=tokenizer, renderer=rend,
         stop_token_ids=list(rend.get_stop_token_ids()), renderer_name=str(name),
         multimodal=multimodal, append_renderer=append,
         context_length=_context_length(model_config),
         vocab_size=int(vocab) if isinstance(vocab, int) and vocab > 0 else len(tokenizer),
-        max_token_chars=_max_token_chars(backend),
+        max_token_chars=max_token_chars,
         protects_content=protects,
         special_texts=tuple(sorted(tokenizer.special_tokens, key=len, reverse=True)))
 

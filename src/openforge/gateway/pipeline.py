@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import time
-import uuid
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -46,10 +46,11 @@ from openforge.gateway.images import (
     resolve_images,
     without_inline_images,
 )
+from openforge.gateway.memory import release_memory
 from openforge.gateway.model import ModelBundle
 from openforge.gateway.render import ContextLengthError, PromptError
 from openforge.gateway.sessions import LiveSession
-from openforge.gateway.state import GatewayState, release_memory
+from openforge.gateway.state import GatewayState
 from openforge.store import ids_to_blob
 from openforge.types import Call, SamplingParams
 
@@ -57,6 +58,11 @@ log = logging.getLogger("openforge.gateway")
 
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
         (b"x-accel-buffering", b"no")]
+INLINE_BODY_BYTES = 8 * 1024
+"""Bodies up to this size are decoded, parsed and rendered on the event loop: at most a
+few thousand tokens of new text, a millisecond or two, less than handing them to a
+thread costs on the busy path. Larger ones go to a render thread, so no request's size
+ever stalls the other sessions."""
 # Completions longer than this are parsed in a render thread, not on the event loop.
 _PARSE_INLINE_IDS = 2048
 # After a request body this large, freed memory is handed back to the operating system.
@@ -111,9 +117,9 @@ class CallResponse:
         self.dialect_name = dialect_name
         self.dialect = DIALECTS[dialect_name]
         self.body = body  # stored as the call's request (verbatim JSON)
-        self.body_digest = hashlib.sha256(body).hexdigest()
+        self.body_digest = ""  # sha256 of the body, computed off the loop in `_prepare`
         self.retry_count = retry_count
-        self.call_id = uuid.uuid4().hex
+        self.call_id = os.urandom(16).hex()  # a uuid4's worth of randomness, cheaper
         self.started_at = time.time()
         self.headers_sent = False
         self.delivered = False  # the whole response was handed to the server
@@ -139,12 +145,13 @@ class CallResponse:
     def _prepare(self) -> tuple[ChatRequest, RenderedPrompt]:
         """Runs in a render thread, under the session's lock."""
         state, live, dialect = self.state, self.live, self.dialect
+        self.body_digest = hashlib.sha256(self.body).hexdigest()
         try:
             self.payload = load_json(self.body)
             chat = dialect.parse(self.payload, memo=live.memo)
             if state.bundle.multimodal:
                 self.images = resolve_images(chat, state.image_policy)
-            rendered = live.tokens.render(chat)
+            rendered = live.tokens.render(chat, len(self.body))
         except DialectError as exc:
             raise _Refused(exc.status, dialect.error(exc.status, exc.message,
                                                      exc.error_type)) from None
@@ -176,7 +183,10 @@ class CallResponse:
         state, live = self.state, self.live
         try:
             async with live.lock:
-                chat, rendered = await state.off_loop(self._prepare)
+                if len(self.body) <= INLINE_BODY_BYTES:
+                    chat, rendered = self._prepare()
+                else:
+                    chat, rendered = await state.off_loop(self._prepare)
         except _Refused as refused:
             await self._send_json(send, refused.status, refused.body)
             return
@@ -185,7 +195,7 @@ class CallResponse:
         # model_construct: every field is set here from typed values; validating the
         # prompt's thousands of ids again would cost more than the rest of the request.
         request = GenerateRequest.model_construct(
-            prompt_ids=rendered.prompt_ids, sampling=sampling,
+            prompt_ids=rendered.prompt_ids, prompt_json=rendered.prompt_json(), sampling=sampling,
             stop_token_ids=state.stop_token_ids, session_id=live.session.id,
             request_id=self.call_id, chat=chat)
         generation = asyncio.ensure_future(state.engine.generate(request))
@@ -230,7 +240,21 @@ class CallResponse:
     async def _await_generation(self, send: Send, generation: asyncio.Future[GenerateResult],
                                 watcher: asyncio.Future[None]) -> GenerateResult:
         assert self.chat is not None
-        keepalive_s = self.state.config.keepalive_s if self.chat.stream else None
+        if not self.chat.stream:
+            # Nothing to send while waiting: a disconnect cancels the generation directly.
+            def on_disconnect(_: asyncio.Future[None]) -> None:
+                generation.cancel()
+
+            watcher.add_done_callback(on_disconnect)
+            try:
+                return await generation
+            except asyncio.CancelledError:
+                if watcher.done() and not watcher.cancelled():
+                    raise _Disconnected from None
+                raise
+            finally:
+                watcher.remove_done_callback(on_disconnect)
+        keepalive_s = self.state.config.keepalive_s
         waiters: set[asyncio.Future[Any]] = {generation, watcher}
         while True:
             done, _ = await asyncio.wait(waiters, timeout=keepalive_s,

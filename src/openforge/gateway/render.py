@@ -49,13 +49,16 @@ _SAFE_CUT = re.compile(r"[A-Za-z](?= [A-Za-z])")
 _CUT_SLACK = 4  # tokens a cut that found no safe place may change
 
 
-def check_prompt_size(bundle: ModelBundle, request: ChatRequest) -> None:
+def check_prompt_size(bundle: ModelBundle, request: ChatRequest,
+                      body_bytes: int | None = None) -> None:
     """Refuse a prompt that cannot fit the context, before rendering it.
 
     First a bound from lengths alone (no tokenizing); then texts longer than 64 KiB are
     tokenized a chunk at a time, stopping once they alone exceed the context. Each message
     also gets template tokens around it, so the sum of its texts' tokens (less two per
     message, for merges with that scaffolding) is a lower bound of the prompt's length.
+    `body_bytes`, the size of the request body, bounds the characters of all its texts:
+    a body too small to hold a 64 KiB text or to exceed the bound needs no look at all.
     """
     limit = bundle.context_length
     if not limit:
@@ -63,6 +66,9 @@ def check_prompt_size(bundle: ModelBundle, request: ChatRequest) -> None:
     if request.raw_prompt_ids is not None:
         if len(request.raw_prompt_ids) >= limit:
             raise ContextLengthError(len(request.raw_prompt_ids), limit)
+        return
+    if body_bytes is not None and body_bytes <= _COUNT_CHUNK and (
+            bundle.min_tokens(body_bytes) < limit):
         return
     texts = ([request.raw_prompt] if request.raw_prompt is not None
              else [t for m in request.messages for t in _texts(m)])
@@ -183,7 +189,7 @@ def parse_completion(bundle: ModelBundle, request: ChatRequest, prompt_ids: list
     try:
         parsed = bundle.renderer.parse_response(list(completion_ids),
                                                 tools=renderer_tools(request.tools),
-                                                prompt_ids=list(prompt_ids))
+                                                prompt_ids=_last_turn(bundle, prompt_ids))
     except Exception:
         # Whatever a policy samples must still reach the client: as plain text.
         stops = set(bundle.stop_token_ids)
@@ -199,6 +205,17 @@ def parse_completion(bundle: ModelBundle, request: ChatRequest, prompt_ids: list
     message = Message(role="assistant", content=parsed.content or "",
                       reasoning=parsed.reasoning_content or None, tool_calls=calls)
     return message, ("tool_calls" if calls else "stop")
+
+
+def _last_turn(bundle: ModelBundle, prompt_ids: Sequence[int]) -> list[int]:
+    """The prompt from its last turn-ending token on: all a renderer reads of the prompt to
+    parse a completion (whether the generation prompt opened a reasoning block), without
+    copying a long prompt on every call."""
+    stops = set(bundle.stop_token_ids)
+    for i in range(len(prompt_ids) - 1, -1, -1):
+        if prompt_ids[i] in stops:
+            return list(prompt_ids[i:])
+    return list(prompt_ids)
 
 
 def assistant_turn_ids(bundle: ModelBundle, messages: list[Message], assistant: Message,

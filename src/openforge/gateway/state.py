@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import logging
 import secrets
 from collections.abc import Callable
@@ -100,23 +98,3 @@ class GatewayState:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
-
-
-_libc: Any = None
-
-
-def release_memory() -> None:
-    """Hand freed heap memory back to the operating system (glibc's `malloc_trim`).
-
-    After a large request the allocator keeps its high-water mark otherwise: a gateway that
-    once parsed a 30 MB body would hold that memory for good.
-    """
-    global _libc
-    if _libc is None:
-        name = ctypes.util.find_library("c")
-        try:
-            _libc = ctypes.CDLL(name) if name else False
-        except OSError:
-            _libc = False
-    if _libc and hasattr(_libc, "malloc_trim"):
-        _libc.malloc_trim(0)

@@ -22,12 +22,14 @@ from openforge.gateway.engines.base import (
 from openforge.gateway.engines.local import EngineLog, Finish
 
 APIS = ("generate", "completions")
+_encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class VLLMEngine(Engine):
     """Options: `url` (required, the server root), `api` ("generate" or "completions"),
     `served_model` (model name for /v1/completions; default: the server's first model),
-    `api_key`, `timeout_s` (per request, default 600), `log_size`."""
+    `api_key`, `timeout_s` (per request, default 600), `log_size` (generations kept in
+    `self.log`, for tests and debugging; default 0: the store is the record)."""
 
     def __init__(self, model: Any = None, **options: Any) -> None:
         super().__init__(model, **options)
@@ -49,7 +51,7 @@ class VLLMEngine(Engine):
             self._headers["Authorization"] = f"Bearer {options['api_key']}"
         self._session: Any = None
         self._version: str | None = None
-        self.log = EngineLog(int(options.get("log_size", 10_000)))
+        self.log = EngineLog(int(options.get("log_size", 0)))
 
     @property
     def weight_version(self) -> str | None:
@@ -65,17 +67,22 @@ class VLLMEngine(Engine):
                 connector=aiohttp.TCPConnector(limit=0))
         return self._session
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._request("POST", path, body)
+    async def _post(self, path: str, body: dict[str, Any], prompt_key: str,
+                    prompt_json: str) -> dict[str, Any]:
+        # The prompt's JSON text goes in as given: encoding its ids again would cost more
+        # than the rest of the request.
+        head = _encode(body)
+        data = f'{head[:-1]},"{prompt_key}":{prompt_json}}}'.encode()
+        return await self._request("POST", path, data)
 
-    async def _request(self, method: str, path: str,
-                       body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def _request(self, method: str, path: str, data: bytes | None = None
+                       ) -> dict[str, Any]:
         import aiohttp
 
         session = await self._client()
         url = self.url + path
         try:
-            async with session.request(method, url, json=body) as resp:
+            async with session.request(method, url, data=data) as resp:
                 text = await resp.text()
                 if resp.status >= 500:
                     raise EngineError(f"vLLM {path} answered {resp.status}: {text[:200]}",
@@ -109,18 +116,18 @@ class VLLMEngine(Engine):
             sampling["seed"] = s.seed
         if s.stop:
             sampling["stop"] = list(s.stop)
+        prompt_json = request.prompt_json or _encode(list(request.prompt_ids))
         if self.api == "generate":
-            body: dict[str, Any] = {"token_ids": list(request.prompt_ids),
-                                    "sampling_params": {**sampling, "logprobs": 0}}
+            body: dict[str, Any] = {"sampling_params": {**sampling, "logprobs": 0}}
             if request.request_id:
                 body["request_id"] = request.request_id
-            data = await self._post("/inference/v1/generate", body)
+            data = await self._post("/inference/v1/generate", body, "token_ids", prompt_json)
             ids, logprobs, finish = _read_generate(data)
             self._version = _version_of(data.get("weight_versions")) or self._version
         else:
-            body = {"model": await self._model_name(), "prompt": list(request.prompt_ids),
-                    **sampling, "logprobs": 1, "return_token_ids": True}
-            data = await self._post("/v1/completions", body)
+            body = {"model": await self._model_name(), **sampling, "logprobs": 1,
+                    "return_token_ids": True}
+            data = await self._post("/v1/completions", body, "prompt", prompt_json)
             ids, logprobs, finish = _read_completions(data)
             self._version = _version_of(data.get("weight_versions")) or self._version
         self.log.record(request, ids, logprobs, finish)
