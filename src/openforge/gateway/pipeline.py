@@ -159,9 +159,11 @@ class CallResponse:
             raise _Refused(exc.status, dialect.error(exc.status, exc.message,
                                                      "invalid_request_error")) from None
         except ContextLengthError as exc:
+            live.memo.clear()  # do not keep a history too long to ever be sent
             raise _Refused(400, dialect.context_error(str(exc), exc.prompt_tokens,
                                                       exc.limit)) from None
         except PromptError as exc:
+            live.memo.clear()
             # The conversation cannot become a prompt for this model (an image for a
             # text-only model, a shape the template cannot express): the client's request.
             raise _Refused(400, dialect.error(400, str(exc), "invalid_request_error")) from None

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from openforge.config import GatewayConfig
 from openforge.gateway.engines.base import Engine
 from openforge.gateway.images import ImagePolicy
+from openforge.gateway.memory import map_large_blocks
 from openforge.gateway.model import ModelBundle
 from openforge.gateway.sessions import SessionRegistry, worker_of
 from openforge.store import Store
@@ -37,6 +38,7 @@ class GatewayState:
                  image_policy: ImagePolicy | None = None, worker: int = 0,
                  peers: list[str] | None = None) -> None:
         self.config = config
+        map_large_blocks()  # large request buffers go back to the OS when freed
         # Where image URLs may be read from and how large images may be (see images.py).
         self.image_policy = image_policy or ImagePolicy.from_env()
         self.store = store
