@@ -331,3 +331,68 @@ def test_parse_never_fails_on_garbage_ids(tiny_bundle):
                 [151645, 151645]):
         message, finish = tokens.parse(request, rendered.prompt_ids, ids)
         assert finish in ("stop", "tool_calls") and message.role == "assistant"
+
+
+def test_append_policy_keeps_one_branch_where_the_template_rewrites(tiny_bundle):
+    # The same conversation as the template-rewrite case above, under `append`: every id
+    # the policy sampled (reasoning included) stays in the next prompt; one branch.
+    tokens = SessionTokens(tiny_bundle, "append")
+    messages = [USER]
+    previous = None
+    for i in range(3):
+        reply = Message(role="assistant", reasoning=f"think {i}", content=str(i))
+        rendered, completion, assistant, _ = _turn(tokens, tiny_bundle, messages, reply, tools=())
+        if previous is not None:
+            assert rendered.bridged and rendered.prompt_ids[:len(previous)] == previous
+        previous = rendered.prompt_ids + completion
+        messages = [*messages, assistant, Message(role="user", content=f"and {i}?")]
+    assert len(tokens.branches) == 1
+    assert "think 0" in tiny_bundle.decode(previous)  # a fresh template render drops it
+    assert "think 0" not in tiny_bundle.decode(tokens._full_render(chat(messages[:-1])))
+
+
+def test_unknown_render_policy_is_refused(tiny_bundle):
+    import pytest
+
+    with pytest.raises(ValueError, match="render policy must be one of exact, append"):
+        SessionTokens(tiny_bundle, "merge")  # type: ignore[arg-type]
+
+
+def test_full_renders_tokenize_only_new_texts(tiny_bundle, monkeypatch):
+    # `exact` re-renders the whole history at each new user turn (Qwen3 rewrites earlier
+    # turns); the session's text cache means only the texts it has not seen get tokenized.
+    long_text = "the build log says: " + "compiling module, " * 20
+    seen: list[str] = []
+    rendering = [False]
+    original = type(tiny_bundle.tokenizer).encode_long
+
+    def counting(self, text):
+        if rendering[0]:
+            seen.append(text)
+        return original(self, text)
+
+    monkeypatch.setattr(type(tiny_bundle.tokenizer), "encode_long", counting)
+    tokens = SessionTokens(tiny_bundle, "exact")
+    render = tokens.render
+
+    def observed(request, *args):
+        rendering[0] = True
+        try:
+            return render(request, *args)
+        finally:
+            rendering[0] = False
+
+    monkeypatch.setattr(tokens, "render", observed)
+    messages = [SYSTEM, Message(role="user", content=long_text + "turn 0")]
+    for i in range(5):
+        reply = Message(role="assistant", reasoning="hm", content=f"answer {i} " + long_text)
+        before = len(seen)
+        rendered, _, assistant, _ = _turn(tokens, tiny_bundle, messages, reply, tools=())
+        if i:
+            assert rendered.branch_reason == BRANCH_TEMPLATE_REWRITE  # a full render...
+            new = seen[before:]
+            # ... that tokenized the new user turn and the last answer as history, not
+            # the earlier turns again.
+            assert len(new) == 2, new
+            assert f"turn {i}" in new[1] and f"answer {i - 1}" in new[0]
+        messages = [*messages, assistant, Message(role="user", content=long_text + f"turn {i + 1}")]
