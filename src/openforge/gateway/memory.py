@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import gc
 from typing import Any
 
 _libc: Any = None
@@ -41,14 +40,11 @@ def map_large_blocks() -> None:
 
 
 def release_memory() -> None:
-    """Collect garbage, then hand freed heap memory back to the operating system (glibc's
-    `malloc_trim`).
+    """Hand freed heap memory back to the operating system (glibc's `malloc_trim`).
 
     After a large request the allocator keeps its high-water mark otherwise: a gateway that
-    once parsed a 30 MB body would hold that memory for good. The collection first: an
-    exception's traceback keeps the frames that held the request's text in a cycle.
+    once parsed a 30 MB body would hold that memory for good.
     """
-    gc.collect()
     libc = _c()
     if libc and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)

@@ -33,6 +33,7 @@ from openforge.gateway.branches import RenderedPrompt
 from openforge.gateway.conversation import ChatRequest, Completion, ImageRef, Message
 from openforge.gateway.dialects import DIALECTS, KEEPALIVE_FRAME, DialectError
 from openforge.gateway.dialects.base import dumps_bytes, load_json
+from openforge.gateway.dialects.memo import HistoryMemo
 from openforge.gateway.engines.base import (
     EngineBusy,
     EngineError,
@@ -63,6 +64,8 @@ INLINE_BODY_BYTES = 8 * 1024
 few thousand tokens of new text, a millisecond or two, less than handing them to a
 thread costs on the busy path. Larger ones go to a render thread, so no request's size
 ever stalls the other sessions."""
+MEMO_MAX_BODY_BYTES = 4 << 20
+"""Bodies larger than this bypass the session's history memo (see `_prepare`)."""
 # Completions longer than this are parsed in a render thread, not on the event loop.
 _PARSE_INLINE_IDS = 2048
 # After a request body this large, freed memory is handed back to the operating system.
@@ -143,31 +146,40 @@ class CallResponse:
     # -- prepare: decode, parse, render (off the event loop) --------------------------------
 
     def _prepare(self) -> tuple[ChatRequest, RenderedPrompt]:
-        """Runs in a render thread, under the session's lock."""
+        """Runs in a render thread (or, for a small body, on the loop), under the session's
+        lock. `_Refused` for a request the model cannot take."""
         state, live, dialect = self.state, self.live, self.dialect
         self.body_digest = hashlib.sha256(self.body).hexdigest()
+        memo: HistoryMemo | None = live.memo
+        if len(self.body) > MEMO_MAX_BODY_BYTES:
+            # Fingerprinting megabytes holds the GIL as long as parsing them does, and
+            # reuse would save little: such a request is parsed from scratch.
+            memo.clear()
+            memo = None
         try:
             self.payload = load_json(self.body)
-            chat = dialect.parse(self.payload, memo=live.memo)
+            chat = dialect.parse(self.payload, memo=memo)
             if state.bundle.multimodal:
                 self.images = resolve_images(chat, state.image_policy)
-            rendered = live.tokens.render(chat, len(self.body))
-        except DialectError as exc:
-            raise _Refused(exc.status, dialect.error(exc.status, exc.message,
-                                                     exc.error_type)) from None
-        except ImageError as exc:
-            raise _Refused(exc.status, dialect.error(exc.status, exc.message,
-                                                     "invalid_request_error")) from None
-        except ContextLengthError as exc:
-            live.memo.clear()  # do not keep a history too long to ever be sent
-            raise _Refused(400, dialect.context_error(str(exc), exc.prompt_tokens,
-                                                      exc.limit)) from None
-        except PromptError as exc:
-            live.memo.clear()
-            # The conversation cannot become a prompt for this model (an image for a
-            # text-only model, a shape the template cannot express): the client's request.
-            raise _Refused(400, dialect.error(400, str(exc), "invalid_request_error")) from None
-        return chat, rendered
+            return chat, live.tokens.render(chat, len(self.body))
+        except (DialectError, ImageError, PromptError) as exc:
+            status, refusal = self._refusal(exc)
+        # Raised outside the handler: the refused exception and its frames form no cycle
+        # that would keep the request's text alive until the next garbage collection.
+        raise _Refused(status, refusal)
+
+    def _refusal(self, exc: Exception) -> tuple[int, dict[str, Any]]:
+        dialect = self.dialect
+        if isinstance(exc, DialectError):
+            return exc.status, dialect.error(exc.status, exc.message, exc.error_type)
+        if isinstance(exc, ImageError):
+            return exc.status, dialect.error(exc.status, exc.message, "invalid_request_error")
+        self.live.memo.clear()  # do not keep a history the model cannot take
+        if isinstance(exc, ContextLengthError):
+            return 400, dialect.context_error(str(exc), exc.prompt_tokens, exc.limit)
+        # The conversation cannot become a prompt for this model (an image for a text-only
+        # model, a shape the template cannot express): the client's request.
+        return 400, dialect.error(400, str(exc), "invalid_request_error")
 
     def _sampling(self, chat: ChatRequest, rendered: RenderedPrompt) -> SamplingParams:
         sampling = merge_sampling(self.live.session.sampling, chat.sampling)
@@ -301,9 +313,9 @@ class CallResponse:
                 assistant, finish = live.tokens.parse(chat, rendered.prompt_ids, completion_ids)
             if result.finish_reason == "length":
                 finish = "length"
-        completion = Completion(message=assistant, finish_reason=finish,
-                                prompt_tokens=len(rendered.prompt_ids),
-                                completion_tokens=len(completion_ids))
+        completion = Completion.model_construct(
+            message=assistant, finish_reason=finish, prompt_tokens=len(rendered.prompt_ids),
+            completion_tokens=len(completion_ids), reasoning_tokens=0, cached_tokens=0)
         model = chat.model or state.config.served_model_name
         created = int(self.started_at)
         response_id = self.dialect.id_prefix + self.call_id

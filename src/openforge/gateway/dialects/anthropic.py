@@ -252,7 +252,9 @@ class AnthropicDialect(Dialect):
         tools = memo.reuse_tools(self.name, raw_tools) if memo else None
         if tools is None:
             tools = _tools(raw_tools)
-        request = ChatRequest(
+        # model_construct: every field is typed by the parser above; validating a long
+        # history again on every request would cost more than parsing its new items.
+        request = ChatRequest.model_construct(
             model=model,
             messages=parsed.messages,
             tools=tools,

@@ -225,7 +225,8 @@ def load_json(raw: bytes) -> Any:
         raise DialectError("the request body is nested too deeply") from None
     except ValueError as err:  # e.g. an integer literal beyond Python's digit limit
         raise DialectError(f"the request body is not valid JSON: {err}") from None
-    if _SURROGATE_ESCAPE.search(raw):
+    # A fast scan first: the regex only when the body has a \uD... escape at all.
+    if (b"\\ud" in raw or b"\\uD" in raw) and _SURROGATE_ESCAPE.search(raw):
         try:
             json.dumps(value, ensure_ascii=False).encode()
         except UnicodeEncodeError:

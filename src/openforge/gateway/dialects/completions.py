@@ -80,7 +80,7 @@ class CompletionsDialect(Dialect):
         text, ids = _read_prompt(body.get("prompt"))
         check_n(body)
         options = opt_object(body, "stream_options") or {}
-        return ChatRequest(
+        return ChatRequest.model_construct(
             model=opt_str(body, "model") or "",
             raw_prompt=text,
             raw_prompt_ids=ids,

@@ -131,8 +131,10 @@ class VLLMEngine(Engine):
             ids, logprobs, finish = _read_completions(data)
             self._version = _version_of(data.get("weight_versions")) or self._version
         self.log.record(request, ids, logprobs, finish)
-        return GenerateResult(completion_ids=ids, logprobs=logprobs, finish_reason=finish,
-                              weight_version=self._version)
+        # model_construct: the readers above built typed lists already.
+        return GenerateResult.model_construct(completion_ids=ids, logprobs=logprobs,
+                                              finish_reason=finish, completion=None,
+                                              weight_version=self._version)
 
     async def _model_name(self) -> str:
         if self.served_model is None:
