@@ -154,7 +154,7 @@ class CallResponse:
         if len(self.body) > MEMO_MAX_BODY_BYTES:
             # Fingerprinting megabytes holds the GIL as long as parsing them does, and
             # reuse would save little: such a request is parsed from scratch.
-            memo.clear()
+            live.memo.clear()
             memo = None
         try:
             self.payload = load_json(self.body)
