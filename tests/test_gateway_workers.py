@@ -59,6 +59,8 @@ async def test_each_session_is_served_by_one_worker(pool: tuple[Gateway, Store])
     gw, store = pool
     urls = gw.worker_urls
     assert len(urls) == 2 and len(set(urls)) == 2 and len(set(gw.pids())) == 2
+    for pid in gw.pids():  # secrets travel in the environment, never on a command line
+        assert "workers-admin" not in " ".join(psutil.Process(pid).cmdline())
     sessions = [gw.open_session(task_id=f"t{i}") for i in range(6)]
     # Opened on the least loaded worker: the sessions spread evenly.
     owners = [worker_of(s.id, 2) for s in sessions]

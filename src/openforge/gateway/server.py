@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import secrets
 import signal
 import socket
@@ -36,7 +37,7 @@ from openforge.gateway.images import ImagePolicy
 from openforge.gateway.model import ModelBundle, load_model_bundle
 from openforge.gateway.sessions import create_session, least_loaded_worker, worker_of
 from openforge.gateway.state import GatewayState
-from openforge.gateway.workers import WorkerPool, inherit_socket
+from openforge.gateway.workers import WORKER_SPEC_ENV, WorkerPool, inherit_socket
 from openforge.store import Store
 from openforge.types import SamplingParams, Session
 
@@ -220,8 +221,6 @@ class Gateway:
 
     def pids(self) -> list[int]:
         """The processes serving calls (worker processes, or this one)."""
-        import os
-
         return self._pool.pids() if self._pool is not None else [os.getpid()]
 
     async def wait(self) -> None:
@@ -327,10 +326,11 @@ def serve_forever(config: RunConfig, store_path: Path) -> None:
 
 
 def serve_worker(spec: dict[str, Any], store_path: Path, worker: int, peers: list[str],
-                 fd: int, admin_key: str) -> None:
+                 fd: int) -> None:
     """One worker of a `WorkerPool`: serve the sessions `worker_of` maps to `worker` on the
     socket the parent bound, until SIGTERM."""
     config = GatewayConfig.model_validate(spec["gateway"])
+    admin_key = str(spec["admin_key"])
     engine_config = EngineConfig.model_validate(spec["engine"])
     store = Store(store_path)
 
@@ -391,11 +391,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--peers", help=argparse.SUPPRESS)
     parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
-        serve_worker(json.loads(args.spec), args.store, args.worker, args.peers.split(","),
-                     args.fd, args.admin_key)
+        serve_worker(json.loads(os.environ.pop(WORKER_SPEC_ENV)), args.store, args.worker,
+                     args.peers.split(","), args.fd)
         return
     overrides = list(args.overrides) + [f"engine.options.{o}" for o in args.option]
     try:

@@ -32,6 +32,8 @@ from openforge.config import EngineConfig, GatewayConfig
 log = logging.getLogger("openforge.gateway")
 
 START_TIMEOUT_S = 180.0
+WORKER_SPEC_ENV = "OPENFORGE_GATEWAY_WORKER_SPEC"
+"""The environment variable a worker reads its config and admin key from."""
 
 
 class WorkerPool:
@@ -51,12 +53,16 @@ class WorkerPool:
 
     def _spawn(self, index: int) -> subprocess.Popen[bytes]:
         sock = self.sockets[index]
+        # The config (engine API keys included) and the admin key go through the
+        # environment, which only this user can read, never the command line (`ps`).
         spec = json.dumps({"gateway": self.config.model_dump(mode="json"),
-                           "engine": self.engine_config.model_dump(mode="json")})
+                           "engine": self.engine_config.model_dump(mode="json"),
+                           "admin_key": self.admin_key})
         cmd = [sys.executable, "-m", "openforge.gateway.server", "--store", str(self.store_path),
                "--worker", str(index), "--peers", ",".join(self.urls),
-               "--fd", str(sock.fileno()), "--admin-key", self.admin_key, "--spec", spec]
-        return subprocess.Popen(cmd, pass_fds=[sock.fileno()], stdout=subprocess.DEVNULL)
+               "--fd", str(sock.fileno())]
+        return subprocess.Popen(cmd, pass_fds=[sock.fileno()], stdout=subprocess.DEVNULL,
+                                env={**os.environ, WORKER_SPEC_ENV: spec})
 
     async def start(self) -> None:
         """Start every worker and wait until each answers its health route."""
