@@ -193,19 +193,26 @@ def test_new_user_turn_after_reasoning_is_a_template_rewrite(tiny_bundle):
     assert nxt.branch_reason == BRANCH_TEMPLATE_REWRITE
 
 
+def _user_turns_extend(tokens: SessionTokens, bundle: ModelBundle
+                       ) -> tuple[list[int], list[Message]]:
+    """Three user turns with reasoning; each prompt extends the last prompt + completion.
+    Returns the last prompt + completion and the conversation so far."""
+    messages = [USER]
+    previous: list[int] = []
+    for i in range(3):
+        reply = Message(role="assistant", reasoning=f"think {i}", content=str(i))
+        rendered, completion, assistant, _ = _turn(tokens, bundle, messages, reply, tools=())
+        if previous:
+            assert rendered.bridged and rendered.prompt_ids[:len(previous)] == previous
+        previous = rendered.prompt_ids + completion
+        messages = [*messages, assistant, Message(role="user", content=f"and {i}?")]
+    assert len(tokens.branches) == 1
+    return previous, messages
+
+
 def test_user_turns_bridge_with_thinking_retention_all():
     bundle = load_model_bundle("tiny", "qwen3", thinking_retention="all")
-    tokens = SessionTokens(bundle)
-    messages = [USER]
-    prev = None
-    for i in range(3):
-        reply = Message(role="assistant", reasoning=f"r{i}", content=str(i))
-        rendered, completion, assistant, _ = _turn(tokens, bundle, messages, reply, tools=())
-        if prev is not None:
-            assert rendered.bridged and rendered.prompt_ids[:len(prev)] == prev
-        prev = rendered.prompt_ids + completion
-        messages = [*messages, assistant, Message(role="user", content=f"next {i}")]
-    assert len(tokens.branches) == 1
+    _user_turns_extend(SessionTokens(bundle, "exact"), bundle)
 
 
 def test_concurrent_calls_on_one_branch_fork_on_commit(tiny_bundle):
@@ -337,16 +344,7 @@ def test_append_policy_keeps_one_branch_where_the_template_rewrites(tiny_bundle)
     # The same conversation as the template-rewrite case above, under `append`: every id
     # the policy sampled (reasoning included) stays in the next prompt; one branch.
     tokens = SessionTokens(tiny_bundle, "append")
-    messages = [USER]
-    previous = None
-    for i in range(3):
-        reply = Message(role="assistant", reasoning=f"think {i}", content=str(i))
-        rendered, completion, assistant, _ = _turn(tokens, tiny_bundle, messages, reply, tools=())
-        if previous is not None:
-            assert rendered.bridged and rendered.prompt_ids[:len(previous)] == previous
-        previous = rendered.prompt_ids + completion
-        messages = [*messages, assistant, Message(role="user", content=f"and {i}?")]
-    assert len(tokens.branches) == 1
+    previous, messages = _user_turns_extend(tokens, tiny_bundle)
     assert "think 0" in tiny_bundle.decode(previous)  # a fresh template render drops it
     assert "think 0" not in tiny_bundle.decode(tokens._full_render(chat(messages[:-1])))
 

@@ -178,6 +178,16 @@ def ids_array(ids: Sequence[int]) -> array:
     return out
 
 
+def _same_objects(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many leading items of `a` are the very objects of `b`."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x is not y:
+            break
+        n += 1
+    return n
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
@@ -218,24 +228,14 @@ class SessionTokens:
     def _fingerprints(self, messages: list[Message]) -> tuple[int, ...]:
         """`_message_key` of each message; parsed messages are never mutated, so one that
         is the very object seen in the last render keeps its fingerprint."""
-        last = self._last_messages
-        n = 0
-        for new, old in zip(messages, last, strict=False):
-            if new is not old:
-                break
-            n += 1
+        n = _same_objects(messages, self._last_messages)
         keys = self._last_keys[:n] + tuple(_message_key(m) for m in messages[n:])
         self._last_messages, self._last_keys = list(messages), keys
         return keys
 
     def _renderer_dicts(self, messages: list[Message]) -> list[dict[str, Any]]:
         """`m.to_renderer()` of each message, reused for the very objects of the last call."""
-        last = self._dict_messages
-        n = 0
-        for new, old in zip(messages, last, strict=False):
-            if new is not old:
-                break
-            n += 1
+        n = _same_objects(messages, self._dict_messages)
         dicts = self._last_dicts[:n] + [m.to_renderer() for m in messages[n:]]
         self._dict_messages, self._last_dicts = list(messages), dicts
         return dicts

@@ -298,16 +298,22 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop  # type: ignore[no-any-return]
 
 
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM (call in the running loop)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
 def serve_forever(config: RunConfig, store_path: Path) -> None:
     """`openforge serve`: run the gateway on its own until Ctrl-C or SIGTERM."""
     store = Store(store_path)
 
     async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
+        stop = _stop_on_signals()
         async with Gateway(config.gateway, config.engine, store) as gateway:
             print(_banner(gateway, config.engine), flush=True)
             waiter = asyncio.ensure_future(stop.wait())
@@ -335,11 +341,7 @@ def serve_worker(spec: dict[str, Any], store_path: Path, worker: int, peers: lis
     store = Store(store_path)
 
     async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
+        stop = _stop_on_signals()
         bundle = with_context_override(await asyncio.to_thread(
             load_model_bundle, engine_config.model, engine_config.renderer), config)
         engine: Engine = await asyncio.to_thread(plugins.create, "engine", engine_config.name,
