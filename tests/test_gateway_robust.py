@@ -298,7 +298,9 @@ async def test_a_render_held_up_does_not_hold_up_other_sessions(
         return render(*args, **kwargs)
 
     monkeypatch.setattr(live.tokens, "render", held)
-    large = body("chat/completions", "x " * INLINE_BODY_BYTES)  # rendered in a thread
+    # Over the inline limit (so it is rendered in a thread), well within the context.
+    large = body("chat/completions", "hello " * (INLINE_BODY_BYTES // 5))
+    assert INLINE_BODY_BYTES < len(large) < 2 * INLINE_BODY_BYTES
     pending = asyncio.ensure_future(post(gateway, big, "chat/completions", large))
     try:
         assert await asyncio.to_thread(started.wait, 30)

@@ -131,6 +131,7 @@ async def test_a_dead_worker_comes_back_and_its_sessions_continue(
     s = gw.open_session()
     url = gw.url_for(s)
     assert (await chat(url, s.token)).status_code == 200
+    await recorded(store, s.id, 1)  # not killed between its answer and its row
     victim = gw.pids()[worker_of(s.id, 2)]
     psutil.Process(victim).kill()
     deadline = time.monotonic() + 120
