@@ -1,6 +1,7 @@
 """One model call, from its body to its recorded row (`CallResponse`).
 
-decode + parse + render (a render thread, under the session's lock) -> `engine.generate`
+decode + parse + render (under the session's lock; in a render thread unless the body is
+small, see `INLINE_BODY_BYTES`) -> `engine.generate`
 (cancelled when the client disconnects) -> parse the completion -> JSON or SSE (keep-alive
 comments while the engine is busy) -> only after the last byte was handed to the server:
 `SessionTokens.commit` and `store.add_call`.
@@ -120,7 +121,7 @@ class CallResponse:
         self.dialect_name = dialect_name
         self.dialect = DIALECTS[dialect_name]
         self.body = body  # stored as the call's request (verbatim JSON)
-        self.body_digest = ""  # sha256 of the body, computed off the loop in `_prepare`
+        self.body_digest = ""  # sha256 of the body, computed in `_prepare`
         self.retry_count = retry_count
         self.call_id = os.urandom(16).hex()  # a uuid4's worth of randomness, cheaper
         self.started_at = time.time()
