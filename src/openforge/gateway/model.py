@@ -257,6 +257,9 @@ class ModelBundle:
     context_length: int | None = None  # tokens; None: unknown (no check)
     vocab_size: int = 0  # valid ids are 0 <= id < vocab_size
     max_token_chars: int = 0  # characters the longest token covers (0: unknown)
+    # How many characters of input at most become one after the tokenizer's normalizer
+    # (1 without one; NFC composes at most 3 into 1, e.g. Hangul jamo into a syllable).
+    normalizer_shrink: int = _NORMALIZER_SHRINK
     protects_content: bool = True  # special-token text in content stays text
     special_texts: tuple[str, ...] = field(default_factory=tuple)
 
@@ -279,7 +282,7 @@ class ModelBundle:
         """A lower bound of the tokens that `chars` characters of text take (0: unknown)."""
         if self.max_token_chars <= 0:
             return 0
-        return chars // (self.max_token_chars * _NORMALIZER_SHRINK)
+        return chars // (self.max_token_chars * self.normalizer_shrink)
 
     def special_text_in(self, text: str) -> str | None:
         """The first special token's text found in `text`, or None."""
@@ -385,6 +388,7 @@ def _load(model: str, renderer: str, thinking_retention: str | None) -> ModelBun
         context_length=_context_length(model_config),
         vocab_size=int(vocab) if isinstance(vocab, int) and vocab > 0 else len(tokenizer),
         max_token_chars=max_token_chars,
+        normalizer_shrink=1 if backend.normalizer is None else _NORMALIZER_SHRINK,
         protects_content=protects,
         special_texts=tuple(sorted(tokenizer.special_tokens, key=len, reverse=True)))
 
@@ -408,9 +412,15 @@ def _context_length(config: dict[str, Any]) -> int | None:
 def _max_token_chars(backend: Any) -> int:
     """Characters of text the longest token covers; 0 when the vocabulary does not say.
 
-    Byte-level vocabularies write each byte as one character, so a token's length is the
-    bytes it covers, at least the characters it covers.
+    Only for BPE vocabularies in which every character has a token (byte-level, or byte
+    fallback, or no unknown token): an unknown-token model can cover a run of unknown
+    characters with one token. Byte-level vocabularies write each byte as one character,
+    so a token's length is the bytes it covers, at least the characters it covers.
     """
+    model = backend.model
+    if type(model).__name__ != "BPE" or not (
+            getattr(model, "unk_token", None) is None or getattr(model, "byte_fallback", False)):
+        return 0
     try:
         vocab = backend.get_vocab(with_added_tokens=True)
     except Exception:
