@@ -315,34 +315,41 @@ async def drive(endpoints: list[str], tokens: list[str], turns: int, profile: st
     return Load(latencies, wall, len(latencies), windows)
 
 
-async def drive_with_big_bodies(url: str, sessions: list[dict[str, str]], big_token: str,
-                                turns: int) -> tuple[Load, int]:
-    """`drive` while another session sends 10 MB bodies back to back; how many it sent."""
-    stop_flag = asyncio.Event()
-    sent = 0
+def run_big_sender(url: str, token: str) -> None:
+    """Post 10 MB chat bodies back to back until stdin closes; print how many were sent.
+    (Its own process: sending them must not slow down the load generator's loop.)"""
     big = json.dumps({"model": "policy", "max_tokens": 16, "messages": [
         {"role": "user", "content": "hello world, this is some text. " * (STALL_BODY_BYTES // 32)}]
     }).encode()
 
-    async def sender() -> None:
-        nonlocal sent
+    async def send() -> int:
+        loop = asyncio.get_running_loop()
+        done = loop.run_in_executor(None, sys.stdin.read)
+        sent = 0
         async with aiohttp.ClientSession() as h:
-            while not stop_flag.is_set():
+            while not done.done():
                 async with h.post(f"{url}/v1/chat/completions", data=big, headers={
-                        "Authorization": f"Bearer {big_token}",
+                        "Authorization": f"Bearer {token}",
                         "content-type": "application/json"}) as r:
                     await r.read()
                     sent += 1
+        return sent
 
-    task = asyncio.ensure_future(sender())
-    await asyncio.sleep(0.2)
+    print(asyncio.run(send()), flush=True)
+
+
+async def drive_with_big_bodies(url: str, sessions: list[dict[str, str]], big_token: str,
+                                turns: int) -> tuple[Load, int]:
+    """`drive` while another process sends 10 MB bodies back to back; how many it sent."""
+    sender = subprocess.Popen([sys.executable, __file__, "--big-sender", url, big_token],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    await asyncio.sleep(1.0)  # the sender is running (its first body on the way)
     try:
         load = await drive([f"{url}/v1/chat/completions"] * len(sessions),
                            [s["token"] for s in sessions], turns, "tools")
     finally:
-        stop_flag.set()
-        await task
-    return load, sent
+        out, _ = await asyncio.to_thread(sender.communicate, b"", 120)
+    return load, int(out.strip() or 0)
 
 
 class Profiler:
@@ -582,6 +589,7 @@ def main() -> None:
                              "'users (exact policy)', 'tools x2 workers', stall")
     parser.add_argument("--standin", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--passthrough", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--big-sender", help=argparse.SUPPRESS)
     parser.add_argument("upstream", nargs="?", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.standin:
@@ -589,6 +597,9 @@ def main() -> None:
         return
     if args.passthrough:
         run_passthrough(args.passthrough, args.upstream)
+        return
+    if args.big_sender:
+        run_big_sender(args.big_sender, args.upstream)
         return
     if args.profile and shutil.which("py-spy") is None:
         raise SystemExit("--profile needs py-spy on PATH: pip install py-spy")
