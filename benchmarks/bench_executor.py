@@ -1,12 +1,12 @@
 """Local executor overhead: spawn-to-result latency of an empty rollout, and rollouts/minute.
 
     python benchmarks/bench_executor.py [--quick] [--rollouts-per-level 16]
-                                        [--sandbox auto|bwrap|none]
+                                        [--sandbox auto|bwrap|namespaces|none]
 
-An empty rollout runs the whole in-sandbox path (`python -m openforge.rollout`: plugins,
-workspace, a harness process that does nothing, final state, reward, result POST) so the
-figure is what openforge adds on top of the harness itself. Results are POSTed to a tiny
-real HTTP server standing in for the gateway's result route.
+An empty rollout runs the whole supervisor path (`python -m openforge.rollout`: plugins,
+workspace, the agent's sandbox around a harness process that does nothing, the check that no
+process of it is left, final state, reward, the signed result line) so the figure is what
+openforge adds on top of the harness itself, per sandbox mode.
 """
 
 from __future__ import annotations
@@ -17,10 +17,8 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +42,6 @@ class EmptyEnv(Environment):
 
     def check(self, task: Task, workspace: Path, final_state: dict[str, Any]) -> RewardResult:
         return RewardResult(score=1.0, passed=True)
-
-
-class _Sink(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        self.send_response(200)
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 async def _level(executor: Any, url: str, concurrency: int, n: int) -> dict[str, Any]:
@@ -84,7 +71,7 @@ async def _level(executor: Any, url: str, concurrency: int, n: int) -> dict[str,
 async def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts-per-level", type=int, default=16)
-    parser.add_argument("--sandbox", default="auto", choices=["auto", "bwrap", "none"])
+    parser.add_argument("--sandbox", default="auto", choices=["auto", "bwrap", "namespaces", "none"])
     parser.add_argument("--quick", action="store_true",
                         help="4 rollouts at concurrency 1 and 4 (CI smoke run)")
     args = parser.parse_args(argv)
@@ -97,9 +84,7 @@ async def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, here)
     from openforge.executors.local import LocalExecutor
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
+    url = "http://127.0.0.1:9"  # nothing is sent to the gateway: the result is the last line
     executor = LocalExecutor(sandbox=args.sandbox)
     print(executor.describe_sandbox())
     print(f"cpu cores: {os.cpu_count()}")
@@ -107,7 +92,6 @@ async def main(argv: list[str] | None = None) -> None:
     for concurrency in levels:
         n = max(args.rollouts_per_level, concurrency)
         print(json.dumps(await _level(executor, url, concurrency, n)))
-    server.shutdown()
 
 
 if __name__ == "__main__":

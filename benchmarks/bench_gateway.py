@@ -186,10 +186,11 @@ def start_gateway(store: Path, standin_url: str, profile: str, policy: str = "ap
     port = free_port() if workers == 1 else _free_port_run(workers)
     p = subprocess.Popen([
         sys.executable, "-m", "openforge.gateway.server", "--store", str(store), "--model",
-        "tiny", "--port", str(port), "--admin-key", ADMIN_KEY, "--engine", "vllm",
+        "tiny", "--port", str(port), "--engine", "vllm",
         "--option", f"url={standin_url}", "--option", "api=completions",
         "--option", f"served_model={profile}", "--set", f"gateway.render_policy={policy}",
-        "--workers", str(workers)], stdout=subprocess.DEVNULL)
+        "--workers", str(workers)], stdout=subprocess.DEVNULL,
+        env={**os.environ, "OPENFORGE_ADMIN_KEY": ADMIN_KEY})  # never on argv
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/admin/health", p, {"Authorization": f"Bearer {ADMIN_KEY}"})
     return p, url

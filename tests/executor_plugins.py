@@ -1,6 +1,7 @@
 """Throwaway plugins for executor / rollout / runner tests, loaded as `executor_plugins:Name`.
 
-The rollout subprocess imports them through PYTHONPATH (the executor keeps PYTHONPATH).
+The rollout supervisor imports them through PYTHONPATH (the executor keeps PYTHONPATH), and
+the isolating sandboxes map the PYTHONPATH entries read-only.
 """
 
 from __future__ import annotations
@@ -85,6 +86,20 @@ class OkHarness(_Script):
     script = "open('ok.txt', 'w').write('ok'); print('all done')"
 
 
+class ShellHarness(Harness):
+    """Runs the task's prompt as a shell command in the workspace."""
+
+    def command(self, ctx: HarnessContext) -> Command:
+        return Command(argv=["/bin/sh", "-c", ctx.task.prompt], cwd=ctx.workspace)
+
+
+class NoProgramHarness(Harness):
+    """Its program does not exist (check() did not notice)."""
+
+    def command(self, ctx: HarnessContext) -> Command:
+        return Command(argv=["/nonexistent/agent-program"], cwd=ctx.workspace)
+
+
 class EmptyHarness(_Script):
     """Does nothing at all."""
 
@@ -95,6 +110,29 @@ class HangHarness(_Script):
     """Spawns a child and an escaped (setsid) child, records their pids, then hangs."""
 
     script = _HANG
+
+
+_ORPHANS = """
+import os, subprocess, sys, time
+# setsid and no marker: out of the group, out of the session, not findable by environment
+env = {k: v for k, v in os.environ.items() if k != 'OPENFORGE_SANDBOX_ID'}
+subprocess.Popen(['sleep', '7013'], start_new_session=True, env=env)
+# a double fork: the middle process exits, the grandchild is an orphan
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execvpe('sleep', ['sleep', '7014'], env)
+    os._exit(0)
+time.sleep(0.5)
+open('ok.txt', 'w').write('ok')
+print('all done')
+"""
+
+
+class OrphansHarness(_Script):
+    """Leaves a setsid child and a double-forked orphan, both without the marker, and ends."""
+
+    script = _ORPHANS
 
 
 class EnvDumpHarness(_Script):
@@ -115,42 +153,6 @@ class FailHarness(_Script):
     script = "import sys; print('gave up', file=sys.stderr); sys.exit(1)"
 
 
-class ResultSink:
-    """A real HTTP server on a free 127.0.0.1 port that accepts `POST /s/<token>/result`."""
-
-    def __init__(self) -> None:
-        import json
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        self.results: dict[str, dict[str, Any]] = {}
-        sink = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-                parts = self.path.strip("/").split("/")
-                body = self.rfile.read(int(self.headers.get("content-length", 0)))
-                if len(parts) == 3 and parts[0] == "s" and parts[2] == "result":
-                    sink.results[parts[1]] = json.loads(body)
-                    self.send_response(200)
-                else:
-                    self.send_response(404)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 class MissingHarness(_Script):
     """A harness whose program is not installed."""
 
@@ -160,3 +162,62 @@ class MissingHarness(_Script):
         from openforge.harness import HarnessMissingError
 
         raise HarnessMissingError("the program 'nothing' is not installed; npm i -g nothing")
+
+
+_PROBE = """
+import json, os, sys
+plan = json.load(open(os.path.join(os.environ['HOME'], 'probe.json')))
+seen = {}
+for path in plan.get('read', []):
+    try:
+        with open(path, 'rb') as f:
+            seen[path] = f.read(200).decode(errors='replace')
+    except OSError as exc:
+        seen[path] = 'error: ' + type(exc).__name__
+for path in plan.get('write', []):
+    try:
+        with open(path, 'a') as f:
+            f.write('tampered')
+        seen[path] = 'written'
+    except OSError as exc:
+        seen[path] = 'error: ' + type(exc).__name__
+for path in plan.get('list', []):
+    try:
+        seen[path] = sorted(os.listdir(path))
+    except OSError as exc:
+        seen[path] = 'error: ' + type(exc).__name__
+seen['uid'] = os.getuid()
+seen['pid'] = os.getpid()
+json.dump(seen, open('probe.json', 'w'))
+print('probed')
+"""
+
+
+class ProbeHarness(_Script):
+    """Reads, writes and lists the paths the task's prompt names (JSON: read, write, list)
+    and writes what it saw to the workspace's probe.json."""
+
+    script = _PROBE
+
+    def prepare(self, ctx: HarnessContext) -> None:
+        (ctx.home / "probe.json").write_text(ctx.task.prompt)
+
+
+class DataEnv(OneTaskEnv):
+    """One task whose checker reads a file outside the workspace (`data` option): passes when
+    the workspace's answer.txt equals it. The file is the task's data (`data_paths`)."""
+
+    def data_paths(self, task: Task) -> list[Path]:
+        return [Path(self.options["data"])]
+
+    def check(self, task: Task, workspace: Path, final_state: dict[str, Any]) -> RewardResult:
+        answer = workspace / "answer.txt"
+        ok = answer.exists() and answer.read_text() == Path(self.options["data"]).read_text()
+        return RewardResult(score=1.0 if ok else 0.0, passed=ok)
+
+
+class RaisingEnv(OneTaskEnv):
+    """Its checker raises: a plugin bug."""
+
+    def check(self, task: Task, workspace: Path, final_state: dict[str, Any]) -> RewardResult:
+        raise ZeroDivisionError("a bug in the checker")

@@ -54,10 +54,11 @@ def start(store_path: Path, log_path: Path) -> Gateway:
     port = free_port()
     cmd = [sys.executable, "-m", "openforge.gateway.server", "--store", str(store_path),
            "--engine", "scripted", "--model", "tiny", "--port", str(port),
-           "--admin-key", ADMIN_KEY, "--keepalive", "0.05",
+           "--keepalive", "0.05",
            "--option", f"delay_s={DELAY_S}", "--option", f"entries={json.dumps(ENTRIES)}"]
+    env = {**os.environ, "OPENFORGE_ADMIN_KEY": ADMIN_KEY}  # never on argv
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

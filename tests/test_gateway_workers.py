@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -125,6 +126,37 @@ async def test_admin_routes_reach_every_worker(pool: tuple[Gateway, Store]) -> N
     assert (await chat(gw.url_for(t), t.token)).status_code == 200
 
 
+async def test_scoring_routes_on_any_worker_and_a_seal_reaches_the_serving_one(
+        pool: tuple[Gateway, Store]) -> None:
+    """Hashed tokens keep each session on its worker; any worker answers the scoring routes,
+    and a seal sent to the other one still revokes the token where the session is served."""
+    gw, store = pool
+    urls = gw.worker_urls
+    sessions = [gw.open_session() for _ in range(2)]
+    assert {worker_of(s.id, 2) for s in sessions} == {0, 1}
+    for s in sessions:
+        assert (await chat(gw.url_for(s), s.token)).status_code == 200
+        assert (await chat(urls[1 - worker_of(s.id, 2)], s.token)).status_code == 421
+        await recorded(store, s.id, 1)
+        stored = store.get_session(s.id)
+        assert stored is not None and stored.token == "" and stored.token_hash != s.token
+    async with httpx.AsyncClient(timeout=30) as h:
+        for s in sessions:
+            own = worker_of(s.id, 2)
+            scoring = {"authorization": f"Bearer {s.scoring_token}"}
+            for url in urls:  # either worker reads the shared store
+                r = await h.get(f"{url}/scoring/sessions/{s.id}/calls", headers=scoring)
+                assert r.status_code == 200 and len(r.json()["calls"]) == 1
+                refused = await h.get(f"{url}/scoring/sessions/{s.id}/calls",
+                                      headers={"authorization": f"Bearer {s.token}"})
+                assert refused.status_code == 401
+            # Sealed through the worker that does not serve it.
+            sealed = await h.post(f"{urls[1 - own]}/scoring/sessions/{s.id}/seal",
+                                  headers=scoring)
+            assert sealed.status_code == 200
+            assert (await chat(urls[own], s.token)).status_code == 401
+
+
 async def test_a_dead_worker_comes_back_and_its_sessions_continue(
         pool: tuple[Gateway, Store]) -> None:
     gw, store = pool
@@ -180,9 +212,10 @@ s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.clos
 open({str(port_file)!r}, "w").write(str(port))
 from openforge.gateway.server import main
 main(["--store", {str(tmp_path / 'm.sqlite')!r}, "--engine", "scripted", "--model", "tiny",
-      "--port", str(port), "--admin-key", "k", "--option", 'replies=[{{"content": "ok"}}]'])
+      "--port", str(port), "--option", 'replies=[{{"content": "ok"}}]'])
 """
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
+                            env={**os.environ, "OPENFORGE_ADMIN_KEY": "k"})  # never on argv
     try:
         base = _wait_up(proc, port_file)
         headers = {"authorization": "Bearer k"}

@@ -94,7 +94,8 @@ def cluster() -> Iterator[Cluster]:
 
 @dataclass
 class Sink:
-    """A real HTTP server standing in for the gateway's `POST /s/<token>/result`."""
+    """A real HTTP server standing in for the gateway; it records any `POST /s/<token>/result`
+    (a route the gateway no longer has), so a test can show that nothing posts one."""
 
     host: str
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -152,7 +153,8 @@ def make_spec(sink: Sink, run_id: str, harness: str = "OkHarness", n: int = 0,
     return RolloutSpec(run_id=run_id, rollout_id=f"only.0.{n}.{uuid.uuid4().hex[:6]}",
                        task=Task(id="only", prompt="write ok.txt"), harness=f"{module}:{harness}",
                        harness_options=harness_options or {}, environment=env, reward="checker",
-                       gateway_url=sink.url, session_token=f"tok-{run_id}-{n}", timeout_s=timeout_s)
+                       gateway_url=sink.url, session_token=f"tok-{run_id}-{n}",
+                       session_id=f"sid-{run_id}-{n}", timeout_s=timeout_s)
 
 
 async def assert_clean(cluster: Cluster, kube: KubeApi, run_id: str) -> None:
@@ -193,7 +195,8 @@ async def test_success_result_comes_back_and_nothing_is_left(
     assert result.status == "ok", result.error
     assert result.reward is not None and result.reward.passed
     assert result.final_answer == "all done"
-    assert sink.results[spec.session_token]["status"] == "ok"  # the primary channel
+    assert result.session_id == spec.session_id
+    assert sink.results == {}  # no route takes a result from a rollout any more
     assert executor.stats["created"] == 1 and executor.stats["deleted"] == 1
     await assert_clean(cluster, kube, run_id)
     if cluster.standin:
@@ -209,6 +212,26 @@ async def test_harness_failure_is_scored_not_infra(
         await executor.close()
     assert result.status == "harness_error"
     assert result.reward is not None and result.reward.score == 0.0
+    await assert_clean(cluster, kube, run_id)
+
+
+@standin_only
+async def test_a_result_line_from_a_container_that_did_not_exit_0_is_refused(
+        cluster: Cluster, sink: Sink, kube: KubeApi, run_id: str) -> None:
+    # What an agent that killed its supervisor leaves behind: a well-formed passing result
+    # for this very attempt in the termination message and the log, and a non-zero exit.
+    spec = make_spec(sink, run_id)
+    forged = RolloutResult(rollout_id=spec.rollout_id, task_id="only", session_id=spec.session_id,
+                           reward=RewardResult(score=1.0, passed=True))
+    program = (f"import os, sys; line = {compact_message(forged)!r}; print(line); "
+               "open(os.environ['OPENFORGE_TERMINATION_LOG'], 'w').write(line); sys.exit(137)")
+    executor = cluster.executor(command=[sys.executable, "-c", program])
+    try:
+        result = await executor.run(spec)
+    finally:
+        await executor.close()
+    assert result.status == "infra_error" and result.reward is None
+    assert "exit code 137" in (result.error or "")
     await assert_clean(cluster, kube, run_id)
 
 
@@ -341,7 +364,7 @@ async def test_resume_adopts_running_pods_deletes_strays_creates_the_rest(
         assert executor.stats["adopted"] == 2
         assert executor.stats["created"] == 1
         assert executor.stats["swept"] == 1  # attempt 2's Pod, unclaimed
-        assert {old[0].session_token, old[1].session_token, fresh.session_token} <= set(sink.results)
+        assert [r.session_id for r in results] == [s.session_id for s in (old[0], old[1], fresh)]
     finally:
         await executor.close()
     await assert_clean(cluster, kube, run_id)
@@ -387,7 +410,7 @@ async def test_leftover_pods_are_swept_at_start(
 async def test_a_pod_from_another_spec_under_our_name_is_replaced(
         cluster: Cluster, sink: Sink, kube: KubeApi, run_id: str) -> None:
     spec = make_spec(sink, run_id)
-    impostor = spec.model_copy(update={"session_token": "someone-else",
+    impostor = spec.model_copy(update={"session_token": "someone-else", "session_id": "else",
                                        "harness": "executor_plugins:HangHarness"})
     assert pod_name(impostor) == pod_name(spec)
     await kube.create_pod(build_pod(impostor, KubernetesOptions(
@@ -401,7 +424,7 @@ async def test_a_pod_from_another_spec_under_our_name_is_replaced(
         await executor.close()
     assert result.status == "ok", result.error
     assert executor.stats["adopted"] == 0 and executor.stats["created"] == 1
-    assert spec.session_token in sink.results and "someone-else" not in sink.results
+    assert result.session_id == spec.session_id  # the result of our spec, not the impostor's
     await assert_clean(cluster, kube, run_id)
 
 
@@ -416,7 +439,7 @@ async def test_concurrency_is_bounded_and_every_rollout_reports(
     finally:
         await executor.close()
     assert [r.status for r in results] == ["ok"] * 24, {r.error for r in results}
-    assert {s.session_token for s in specs} <= set(sink.results)
+    assert [r.session_id for r in results] == [s.session_id for s in specs]
     if cluster.standin:
         assert cluster.standin.max_live_pods <= 6
         calls = cluster.standin.calls()

@@ -1,21 +1,22 @@
-"""`python -m openforge.rollout SPEC`: statuses, result reporting, and the mini harness on a real gateway."""
+"""The rollout supervisor (`python -m openforge.rollout SPEC`): statuses, the signed result line,
+and the mini harness on a real gateway in every sandbox mode."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import yaml
-from executor_plugins import ResultSink
+from sandbox_modes import ALL_MODES
 
 from openforge.config import EngineConfig, GatewayConfig
 from openforge.gateway.server import Gateway
-from openforge.rollout import RESULT_PREFIX, execute
+from openforge.rollout import execute
+from openforge.sandbox.protocol import RESULT_PREFIX, new_result_key, parse_result
 from openforge.store import Store
 from openforge.types import RolloutResult, RolloutSpec, Task
 
@@ -27,39 +28,31 @@ def _plugins_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(HERE))
 
 
-@pytest.fixture
-def sink() -> Iterator[ResultSink]:
-    server = ResultSink()
-    yield server
-    server.close()
-
-
-def spec_for(url: str, harness: str, token: str = "tok", **extra: object) -> RolloutSpec:
+def spec_for(harness: str, **extra: object) -> RolloutSpec:
     return RolloutSpec(run_id="run", rollout_id="r", task=Task(id="only", prompt="write ok.txt"),
                        harness=harness, environment="executor_plugins:OneTaskEnv", reward="checker",
-                       gateway_url=url, session_token=token, timeout_s=30, **extra)  # type: ignore[arg-type]
+                       gateway_url="http://127.0.0.1:9", session_token="tok", session_id="sid",
+                       timeout_s=30, **extra)  # type: ignore[arg-type]
 
 
-def run_rollout(tmp_path: Path, spec: RolloutSpec) -> tuple[subprocess.CompletedProcess[str], RolloutResult]:
+def run_rollout(tmp_path: Path, spec: RolloutSpec, key: bytes | None = None,
+                sandbox: str = "none") -> tuple[subprocess.CompletedProcess[str], RolloutResult]:
     path = tmp_path / "spec.json"
     path.write_text(spec.model_dump_json())
-    proc = subprocess.run([sys.executable, "-m", "openforge.rollout", str(path)],
-                          capture_output=True, text=True, timeout=60)
+    argv = [sys.executable, "-m", "openforge.rollout", "--sandbox", sandbox, str(path)]
+    proc = subprocess.run(argv + (["--key-on-stdin"] if key else []), capture_output=True,
+                          text=True, timeout=60, input=key.hex() + "\n" if key else "")
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith(RESULT_PREFIX), proc.stdout + proc.stderr
-    return proc, RolloutResult.model_validate_json(last[len(RESULT_PREFIX):])
+    return proc, parse_result(proc.stdout, key)
 
 
-def test_result_is_posted_and_printed(sink: ResultSink, tmp_path: Path) -> None:
-    _, result = run_rollout(tmp_path, spec_for(sink.url, "executor_plugins:OkHarness"))
+def test_the_result_is_the_last_line_signed_with_the_key_from_stdin(tmp_path: Path) -> None:
+    key = new_result_key()
+    proc, result = run_rollout(tmp_path, spec_for("executor_plugins:OkHarness"), key)
     assert result.status == "ok" and result.reward is not None and result.reward.passed
-    assert sink.results["tok"] == json.loads(result.model_dump_json())
-
-
-def test_unreachable_gateway_falls_back_to_stdout(tmp_path: Path) -> None:
-    proc, result = run_rollout(tmp_path, spec_for("http://127.0.0.1:9", "executor_plugins:OkHarness"))
-    assert result.status == "ok"
-    assert "could not POST" in proc.stderr
+    assert result.session_id == "sid" and result.sandbox == "none"
+    assert key.hex() not in proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("harness, expected", [
@@ -67,8 +60,8 @@ def test_unreachable_gateway_falls_back_to_stdout(tmp_path: Path) -> None:
     ("executor_plugins:NoSuchThing", "building the plugins failed"),
     ("executor_plugins:CrashHarness", "signal"),
 ])
-def test_infra_failures_are_not_scored(sink: ResultSink, tmp_path: Path, harness: str, expected: str) -> None:
-    _, result = run_rollout(tmp_path, spec_for(sink.url, harness))
+def test_infra_failures_are_not_scored(tmp_path: Path, harness: str, expected: str) -> None:
+    _, result = run_rollout(tmp_path, spec_for(harness))
     assert result.status == "infra_error" and result.reward is None
     assert expected in (result.error or "")
 
@@ -100,21 +93,24 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
 
 
 async def _mini(gateway: Gateway, tmp_path: Path, prompt: str, name: str,
-                reward: str = "checker") -> RolloutResult:
+                reward: str = "checker", mode: str = "none") -> RolloutResult:
     session = gateway.open_session("run", name, "only")
     spec = RolloutSpec(run_id="run", rollout_id=name, task=Task(id="only", prompt=prompt),
                        harness="mini", harness_options={"max_steps": 3},
                        environment="executor_plugins:OneTaskEnv", reward=reward,
-                       gateway_url=gateway.url, session_token=session.token, timeout_s=60)
+                       gateway_url=gateway.url, session_token=session.token,
+                       session_id=session.id, scoring_token=session.scoring_token, timeout_s=60)
     root = tmp_path / name
     root.mkdir()
     # In a thread: the gateway serves the harness from this very event loop.
-    return await asyncio.to_thread(execute, spec, root)
+    return await asyncio.to_thread(execute, spec, root, mode)  # type: ignore[arg-type]
 
 
-async def test_mini_solves_through_the_gateway(gateway: Gateway, tmp_path: Path) -> None:
-    result = await _mini(gateway, tmp_path, "write ok.txt please", "solve")
+@pytest.mark.parametrize("mode", ALL_MODES)
+async def test_mini_solves_through_the_gateway(gateway: Gateway, tmp_path: Path, mode: str) -> None:
+    result = await _mini(gateway, tmp_path, "write ok.txt please", "solve", mode=mode)
     assert result.status == "ok", result.error
+    assert result.sandbox == mode
     assert result.reward is not None and result.reward.passed
     assert result.final_answer == "Done: ok.txt"
     transcript = result.harness_output["transcript"]

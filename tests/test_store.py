@@ -20,6 +20,7 @@ from openforge.store import (
     blob_to_ids,
     floats_to_blob,
     ids_to_blob,
+    secret_hash,
 )
 from openforge.types import Call, RewardResult, RolloutResult, SamplingParams, Session
 
@@ -59,14 +60,54 @@ def test_blob_codecs_are_little_endian_and_exact() -> None:
 
 
 def test_sessions_round_trip_and_lookup_by_token(store: Store) -> None:
-    session = make_session()
-    store.create_session(session)
-    assert store.get_session("s1") == session
-    assert store.get_session_by_token("tok-s1") == session
+    session = make_session().model_copy(update={"scoring_token": "score-s1"})
+    created = store.create_session(session)
+    # What comes back is the session without its secrets: only their hashes are stored.
+    stored = session.model_copy(update={"token": "", "scoring_token": "",
+                                        "token_hash": secret_hash("tok-s1"),
+                                        "scoring_hash": secret_hash("score-s1")})
+    assert created.token_hash == stored.token_hash and created.token == "tok-s1"
+    assert store.get_session("s1") == stored
+    assert store.get_session_by_token("tok-s1") == stored
     assert store.get_session("nope") is None
     assert store.get_session_by_token("nope") is None
+    assert store.get_session_by_token(secret_hash("tok-s1")) is None  # the hash is no token
     with pytest.raises(StoreError, match="already exists"):
         store.create_session(session)
+
+
+def test_the_store_file_holds_no_token_or_scoring_credential(tmp_path: Path) -> None:
+    with Store(tmp_path / "store.sqlite") as store:
+        store.create_session(make_session().model_copy(update={"scoring_token": "score-s1"}))
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    assert b"tok-s1" not in raw and b"score-s1" not in raw
+    assert secret_hash("tok-s1").encode() in raw
+
+
+def test_a_schema_1_store_is_migrated_to_token_hashes(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript("""
+        CREATE TABLE schema_version (version INTEGER NOT NULL);
+        INSERT INTO schema_version VALUES (1);
+        CREATE TABLE sessions (id TEXT PRIMARY KEY, token TEXT NOT NULL UNIQUE,
+            run_id TEXT NOT NULL DEFAULT '', rollout_id TEXT NOT NULL DEFAULT '',
+            task_id TEXT NOT NULL DEFAULT '', model TEXT NOT NULL DEFAULT '',
+            sampling TEXT NOT NULL DEFAULT '{}', weight_version TEXT,
+            status TEXT NOT NULL DEFAULT 'open', reward REAL, reward_details TEXT,
+            created_at REAL NOT NULL, closed_at REAL, metadata TEXT NOT NULL DEFAULT '{}');
+        INSERT INTO sessions (id, token, created_at) VALUES ('old', 'clear-token', 1.0);
+    """)
+    conn.commit()
+    conn.close()
+    with Store(path) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        got = store.get_session_by_token("clear-token")
+        assert got is not None and got.id == "old" and got.token == ""
+        assert store.get_session_by_token("clear-token") == store.get_session("old")
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT token_hash FROM sessions").fetchone()[0] == secret_hash("clear-token")
+    conn.close()
 
 
 def test_close_session_and_reward(store: Store) -> None:

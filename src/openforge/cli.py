@@ -121,18 +121,23 @@ def run(config_path: Path | None, overrides: tuple[str, ...], resume: Path | Non
 @click.option("--model", help="Model directory for the engine (default: the tiny model).")
 @click.option("--store", "store_path", type=click.Path(path_type=Path), default=Path("gateway.sqlite"),
               show_default=True, help="SQLite file the calls are recorded in.")
-@click.option("--admin-key", envvar="OPENFORGE_ADMIN_KEY", help="Key for the admin API (default: random, printed).")
 @click.option("--workers", type=click.IntRange(1, 64),
               help="Gateway processes, one core each (default 1); each session is served by one.")
 def serve(config_path: Path | None, overrides: tuple[str, ...], store_path: Path, **flags: Any) -> None:
-    """Start the recording gateway on its own."""
-    from openforge.config import load_run_config
-    from openforge.gateway.server import serve_forever
+    """Start the recording gateway on its own.
 
+    The admin key comes from $OPENFORGE_ADMIN_KEY (or gateway.admin_key in a config file),
+    never from the command line, where every process can read it; without one, a random key
+    is written to STORE.admin-key (mode 0600).
+    """
+    from openforge.config import load_run_config
+    from openforge.gateway.server import refuse_key_on_argv, serve_forever
+
+    refuse_key_on_argv(list(overrides))
     config = load_run_config(config_path, overrides, {
         "gateway.host": flags["host"], "gateway.port": flags["port"],
         "engine.name": flags["engine"], "engine.model": flags["model"],
-        "gateway.admin_key": flags["admin_key"], "gateway.workers": flags["workers"],
+        "gateway.workers": flags["workers"],
     })
     serve_forever(config, store_path)
 

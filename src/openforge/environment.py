@@ -23,6 +23,20 @@ class Environment(ABC):
     def prepare(self, task: Task, workspace: Path) -> None:
         """Lay out the workspace the rollout starts in (default: leave it empty)."""
 
+    def data_paths(self, task: Task) -> list[Path]:
+        """Files and folders outside the workspace that `task` reads and the agent may see:
+        its reference data, inputs the agent works from, files the reward compares with.
+
+        The agent sees them read-only (the isolating sandbox modes map them read-only;
+        without isolation the supervisor hashes them before the agent starts and checks them
+        before scoring: a change makes the attempt a `violation`, and the runner scores no
+        later attempt against the changed data). Do not list what the agent must not read
+        (a grader's expected answers): leave it out, and no sandbox maps it; the reward
+        still reads it, on the trusted side. Anything the agent may change belongs in the
+        workspace. Default: none.
+        """
+        return []
+
     def final_state(self, task: Task, workspace: Path) -> dict[str, Any]:
         """Capture what rewards read once the harness has ended (default: nothing)."""
         return {}

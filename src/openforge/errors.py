@@ -8,3 +8,10 @@ class OpenforgeError(Exception):
     """
 
     exit_code = 2
+
+
+class RolloutInfraError(Exception):
+    """Raised by plugin code (an environment's `prepare`, a reward) for a failure of the
+    infrastructure it depends on, not of its own logic: a service that did not come up, a
+    judge endpoint that is down. The attempt becomes an `infra_error` and is retried; any
+    other exception from plugin code makes it a `plugin_error`, which is not."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any, ClassVar
 
 from openforge.types import RolloutResult, RolloutSpec
@@ -13,7 +14,9 @@ class Executor(ABC):
 
     `run` must enforce `spec.timeout_s` as a hard limit, leave no process or resource
     behind (after a timeout, a cancellation or a crash), and report infrastructure failures
-    as `infra_error` / `timeout` results rather than raising.
+    as `infra_error` / `timeout` results rather than raising. The result it returns must be
+    one the agent could not have written (docs/sandboxing.md: the invariant every executor
+    keeps); the rollout stack refuses a result for another rollout, task, attempt or session.
     """
 
     # True when sandboxes see this machine's files, so a harness program installed here
@@ -22,6 +25,13 @@ class Executor(ABC):
 
     def __init__(self, **options: Any) -> None:
         self.options = options
+        self.protected: list[Path] = []
+
+    def protect(self, *paths: Path) -> None:
+        """Folders no sandbox may see (the run directory with its store); the runner calls
+        this before the first rollout. Executors whose sandboxes share this machine's files
+        keep them out of every sandbox's view."""
+        self.protected.extend(Path(p).resolve() for p in paths)
 
     @abstractmethod
     async def run(self, spec: RolloutSpec) -> RolloutResult:

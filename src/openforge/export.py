@@ -369,8 +369,8 @@ def _write_samples(store: Store, writer: _BatchWriter, run_id: str | None,
     for session_id, calls in iter_session_calls(store, run_id):
         session = store.get_session(session_id)
         result = store.get_result(session_id)
-        if result is not None and result.is_infra_failure:
-            continue  # never train on an attempt the infrastructure broke
+        if result is not None and not result.is_scored:
+            continue  # never train on an attempt that was not scored (infrastructure, plugin bug)
         reward = session_reward(store, session) if session else None
         built = build_samples(calls, session, reward)
         metrics.add(built.metrics)
@@ -385,7 +385,7 @@ def _write_verl(store: Store, writer: _BatchWriter, run_id: str | None) -> None:
     index = 0
     for session in store.list_sessions(run_id):
         result = store.get_result(session.id)
-        if result is not None and result.is_infra_failure:
+        if result is not None and not result.is_scored:
             continue
         prompt = session.metadata.get("prompt")
         prompt_images: list[dict[str, Any]] = []
@@ -448,7 +448,7 @@ def _write_sft(store: Store, writer: _BatchWriter, run_id: str | None,
             continue
         result = store.get_result(session_id)
         reward = session_reward(store, session)
-        if (result is not None and result.is_infra_failure) or not _passed(result, reward):
+        if (result is not None and not result.is_scored) or not _passed(result, reward):
             continue
         samples = build_samples(calls, session, reward).samples
         by_id = {c.id: c for c in calls}

@@ -25,7 +25,9 @@ class HarnessContext(BaseModel):
 
     `home` is an isolated HOME created for this rollout (the harness writes its config
     there, never into the user's real HOME); `workspace` is the task's working directory;
-    `base_url` is the session URL ending in `/v1` and `api_key` the session token.
+    `base_url` is the session URL ending in `/v1` and `api_key` the session token (good for
+    model calls in this session only). Both must reach the program through `Command.env` or
+    a file under `home`, never through its argv.
     """
 
     task: Task
@@ -94,7 +96,21 @@ class Harness(ABC):
         return {}
 
     def prepare(self, ctx: HarnessContext) -> None:
-        """Write the harness's configuration into `ctx.home` (default: nothing to write)."""
+        """Write the harness's configuration into `ctx.home` (default: nothing to write).
+
+        The session's base URL and token go into files under `ctx.home` or into
+        `Command.env`, never into `Command.argv`: a command line is readable by every
+        process on the machine (`ps`).
+        """
+
+    def program_paths(self) -> list[Path]:
+        """Files and folders the harness's program needs besides the system directories and
+        the Python that runs openforge (an npm package, a Node, a binary), e.g. its folder
+        in the openforge cache. The isolating sandboxes map exactly these read-only (and
+        nothing else of the user's HOME). Called in the supervisor, after `check()`.
+        Default: none.
+        """
+        return []
 
     @abstractmethod
     def command(self, ctx: HarnessContext) -> Command:

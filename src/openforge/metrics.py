@@ -18,6 +18,8 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
 
+from openforge.types import StatusFlags
+
 
 def _check(n: int, c: int, k: int) -> None:
     if n < 0 or c < 0 or k < 1:
@@ -40,7 +42,7 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
     return math.comb(c, k) / math.comb(n, k)
 
 
-class AttemptOutcome(BaseModel):
+class AttemptOutcome(StatusFlags, BaseModel):
     """One finished attempt as metrics see it."""
 
     task_id: str
@@ -49,9 +51,6 @@ class AttemptOutcome(BaseModel):
     reward: float | None = None
     passed: bool = False
 
-    @property
-    def is_infra_failure(self) -> bool:
-        return self.status in ("infra_error", "timeout")
 
 
 class TaskRow(BaseModel):
@@ -61,6 +60,7 @@ class TaskRow(BaseModel):
     n: int = 0
     passed: int = 0
     infra_failures: int = 0
+    plugin_errors: int = 0
     mean_reward: float | None = None
     pass_at: dict[int, float] = Field(default_factory=dict)
     pass_hat: dict[int, float] = Field(default_factory=dict)
@@ -74,6 +74,7 @@ class MetricsSummary(BaseModel):
     scored: int = 0
     passed: int = 0
     infra_failures: int = 0
+    plugin_errors: int = 0
     mean_reward: float | None = None
     pass_at: dict[int, float] = Field(default_factory=dict)
     pass_hat: dict[int, float] = Field(default_factory=dict)
@@ -82,13 +83,14 @@ class MetricsSummary(BaseModel):
 
 def task_row(task_id: str, outcomes: list[AttemptOutcome], max_k: int) -> TaskRow:
     """Aggregate one task's attempts; pass@k is defined for k up to its scored attempts."""
-    scored = [o for o in outcomes if not o.is_infra_failure]
+    scored = [o for o in outcomes if o.is_scored]
     n = len(scored)
     c = sum(1 for o in scored if o.passed)
     rewards = [o.reward for o in scored if o.reward is not None]
     row = TaskRow(
         task_id=task_id, n=n, passed=c,
-        infra_failures=len(outcomes) - n,
+        infra_failures=sum(1 for o in outcomes if o.is_infra_failure),
+        plugin_errors=sum(1 for o in outcomes if o.is_plugin_failure),
         mean_reward=(sum(rewards) / len(rewards)) if rewards else None,
     )
     for k in range(1, min(max_k, n) + 1):
@@ -111,9 +113,10 @@ def summarize(outcomes: Iterable[AttemptOutcome], max_k: int,
     summary = MetricsSummary(
         tasks=len(rows), attempts=len(all_outcomes),
         scored=sum(r.n for r in rows), passed=sum(r.passed for r in rows),
-        infra_failures=sum(r.infra_failures for r in rows), rows=rows,
+        infra_failures=sum(r.infra_failures for r in rows),
+        plugin_errors=sum(r.plugin_errors for r in rows), rows=rows,
     )
-    rewards = [o.reward for o in all_outcomes if not o.is_infra_failure and o.reward is not None]
+    rewards = [o.reward for o in all_outcomes if o.is_scored and o.reward is not None]
     summary.mean_reward = sum(rewards) / len(rewards) if rewards else None
     for k in range(1, max_k + 1):
         eligible = [r for r in rows if k in r.pass_at]

@@ -144,6 +144,16 @@ def _locate_program(pkg: NpmPackage, given: str | None, harness: str) -> Path:
         f"npm install -g {pkg.spec}, or set {pkg.env_var}")
 
 
+def program_root(program: Path | str) -> Path:
+    """What a sandbox must map for `program` to run: the folder holding its `node_modules`
+    (the whole package with its dependencies) for an npm program, else the file itself."""
+    path = Path(program).resolve()
+    parts = path.parts
+    if "node_modules" in parts:
+        return Path(*parts[:parts.index("node_modules")])
+    return path
+
+
 class NpmHarness(Harness):
     """A harness whose program is one pinned npm package (`package`).
 
@@ -176,6 +186,14 @@ class NpmHarness(Harness):
     def program(self) -> Path:
         """The program, without installing it (that is `install`'s job, run once)."""
         return _locate_program(self.package, self.bin_option, self.harness_name)
+
+    def program_paths(self) -> list[Path]:
+        """The installed package (and, when it is not a system one, the `node` that runs it)."""
+        paths = [program_root(self.program())]
+        node = shutil.which("node")
+        if node:
+            paths.append(program_root(node))
+        return paths
 
 
 def _missing(pkg: NpmPackage, cache: Path | str | None, why: str) -> HarnessMissingError:

@@ -13,9 +13,14 @@ from openforge.types import Call, RewardResult, Task
 class Reward(ABC):
     """Base class of reward plugins.
 
-    A reward that reads the trajectory sets `wants_calls = True`: the rollout then fetches
-    the session's recorded calls from the gateway (with the session's own token) and passes
-    them as `calls`.
+    A reward that reads the trajectory sets `wants_calls = True`: the rollout supervisor then
+    fetches the session's recorded calls on the trusted side, after every process of the agent
+    is gone (`GET /scoring/sessions/{id}/calls` with the session's scoring credential, which the
+    agent never holds), and passes them as `calls`.
+
+    `score` runs on the trusted side, after the agent ended: it may read the workspace (what
+    the agent left) and the environment's `data_paths` (which the agent could not change).
+    An exception it raises makes the attempt a `plugin_error` (not scored, not retried).
     """
 
     wants_calls: bool = False

@@ -1,30 +1,47 @@
-"""The in-sandbox entry point: `python -m openforge.rollout SPEC_JSON_PATH`.
+"""The rollout supervisor: the trusted process that runs one attempt and scores it.
 
-Every executor runs this same program inside its sandbox. It builds the environment,
-harness and reward named in the `RolloutSpec`, prepares the workspace, runs the harness
-against the session URL with the time that is left, captures the final state, scores it,
-and reports a `RolloutResult`: POSTed to `{gateway}/s/{token}/result` and also printed as
-the last stdout line, prefixed `OPENFORGE_RESULT ` (the executor's fallback).
+    python -m openforge.rollout [--sandbox MODE] [--dir DIR] [--protect PATH]... [--key-on-stdin] SPEC_JSON
+    python -m openforge.rollout            (in a Pod: the spec JSON in $OPENFORGE_SPEC)
+
+Every executor runs this program *outside* the agent's sandbox. It builds the environment,
+harness and reward named in the `RolloutSpec`, prepares the workspace (services the
+environment starts are the supervisor's own children, outside the sandbox, reachable over
+loopback), and launches only the harness command inside the agent's sandbox
+(`openforge.sandbox.agent`: bubblewrap, namespaces or none). When the harness ends or its
+time is up, every process of the sandbox is ended and shown to be gone; only then does the
+supervisor remove what the agent left that the trusted side must not follow (links out of
+the sandbox's view, FIFOs: `sandbox.scrub`), parse the harness's output, check the task's
+data for tampering, capture the final state and score it. No process of the agent exists
+while scoring happens, so nothing the agent did can write the result.
+
+The result is printed as the last line of stdout (`openforge.sandbox.protocol`: signed with
+the per-attempt key the executor gives on stdin with `--key-on-stdin`), and, in a Pod, also
+written to `$OPENFORGE_TERMINATION_LOG`.
+
+Directory layout (DIR, default: a fresh temp dir removed at the end): DIR holds the
+supervisor's own files (the harness's captured stdout/stderr, the sandbox plan), never
+mapped into the sandbox; `DIR/agent/` is the agent's part: `workspace/`, `home/` (its HOME
+and XDG folders), `tmp/`. `--protect PATH` names folders no sandbox may see (the run's
+directory); the folder holding DIR and the user's HOME are always protected.
 
 Plugin names are looked up in the registry; a name of the form `module:attr` is imported
-directly (used by tests and benchmarks for throwaway harnesses).
+directly (used by tests and benchmarks for throwaway plugins). The reward sees the
+environment's final state plus `final_answer` and `harness_status` (the harness's own
+account), unless the environment already set those keys.
 
-The reward sees the environment's final state plus `final_answer` and `harness_status`
-(the harness's own account), unless the environment already set those keys.
-
-Statuses: the harness completed -> `ok`; failed on its own -> `harness_error` (both
-scored); crashed, missing, or any setup failure -> `infra_error`; out of time -> `timeout`
-(neither scored: the runner retries them).
+Statuses (`openforge.types`): the harness completed -> `ok`; failed on its own ->
+`harness_error`; the task's data changed under the agent -> `violation` (scored 0); the
+sandbox, the supervisor, the harness program or the engine failed -> `infra_error`; out
+of time -> `timeout`; environment, harness-adapter or reward code raised -> `plugin_error`.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
-import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,10 +49,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from openforge.environment import Environment
-from openforge.executors.process import die_with_parent, kill_tree
+from openforge.errors import RolloutInfraError
+from openforge.executors.process import (
+    LeftoverError,
+    become_subreaper,
+    make_undumpable,
+    own_descendants,
+)
 from openforge.harness import (
     Harness,
     HarnessContext,
@@ -44,10 +65,26 @@ from openforge.harness import (
     ProcessOutput,
 )
 from openforge.reward import Reward
-from openforge.types import Call, RolloutResult, RolloutSpec, RolloutStatus
+from openforge.sandbox import tamper, verifier
+from openforge.sandbox.agent import run_agent
+from openforge.sandbox.modes import (
+    ISOLATING,
+    SandboxMode,
+    SandboxUnavailable,
+    resolve,
+)
+from openforge.sandbox.protocol import (
+    MARKER_ENV,
+    SANDBOX_ENV,
+    SPEC_ENV,
+    TERMINATION_LOG_ENV,
+    result_line,
+    scrub_env,
+)
+from openforge.sandbox.scrub import scrub
+from openforge.sandbox.view import build_view
+from openforge.types import Call, RewardResult, RolloutResult, RolloutSpec, RolloutStatus
 
-RESULT_PREFIX = "OPENFORGE_RESULT "
-SPEC_ENV = "OPENFORGE_SPEC"
 # Seconds kept back from the harness for final state, reward and reporting.
 _RESERVE_S = 10.0
 _STATUS: dict[str, RolloutStatus] = {"completed": "ok", "failed": "harness_error",
@@ -56,6 +93,14 @@ _STATUS: dict[str, RolloutStatus] = {"completed": "ok", "failed": "harness_error
 
 class _Terminated(Exception):
     """The executor asked us to stop (SIGTERM)."""
+
+
+class _Stop(Exception):
+    """End the attempt now with this status and error."""
+
+    def __init__(self, status: RolloutStatus, error: str) -> None:
+        super().__init__(error)
+        self.status, self.error = status, error
 
 
 def build_plugin(kind: str, name: str, options: dict[str, Any]) -> Any:
@@ -71,167 +116,321 @@ def build_plugin(kind: str, name: str, options: dict[str, Any]) -> Any:
 def _tail(path: Path, limit: int = 4000) -> str:
     if not path.exists():
         return ""
-    text = path.read_text(errors="replace")
-    return text[-limit:]
+    with open(path, "rb") as f:
+        f.seek(max(path.stat().st_size - limit, 0))
+        return f.read().decode(errors="replace")
 
 
-def run_harness(harness: Harness, ctx: HarnessContext, root: Path, timeout_s: float) -> ProcessOutput:
-    """Run the harness's command in its own process group; kill the whole tree on the way out."""
-    cmd = harness.command(ctx)
-    env = dict(os.environ)
-    env.update(cmd.env)
-    out_path, err_path = root / "harness.stdout", root / "harness.stderr"
-    started = time.monotonic()
-    timed_out = False
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        proc = subprocess.Popen(
-            cmd.argv, cwd=str(cmd.cwd or ctx.workspace), env=env, stdout=out, stderr=err,
-            stdin=subprocess.PIPE if cmd.stdin is not None else subprocess.DEVNULL,
-            start_new_session=True, preexec_fn=die_with_parent())
+def _plugin_failure(stage: str, exc: BaseException) -> _Stop:
+    """An exception from plugin code: a plugin bug (not retried) unless it says infrastructure."""
+    print(traceback.format_exc(), file=sys.stderr)  # the executor keeps the stderr tail
+    status: RolloutStatus = "infra_error" if isinstance(exc, RolloutInfraError) else "plugin_error"
+    return _Stop(status, f"{stage} failed: {type(exc).__name__}: {exc}"[:2000])
+
+
+def agent_layout(root: Path) -> dict[str, Path]:
+    """The agent's part of the rollout directory, and its HOME / XDG / TMPDIR variables."""
+    agent = root / "agent"
+    dirs = {"AGENT": agent, "WORKSPACE": agent / "workspace", "HOME": agent / "home",
+            "XDG_CONFIG_HOME": agent / "home/.config", "XDG_CACHE_HOME": agent / "home/.cache",
+            "XDG_DATA_HOME": agent / "home/.local/share",
+            "XDG_STATE_HOME": agent / "home/.local/state", "TMPDIR": agent / "tmp"}
+    for path in dirs.values():
+        path.mkdir(parents=True, exist_ok=True)
+    agent.chmod(0o755)
+    return dirs
+
+
+def agent_env(dirs: dict[str, Path], command_env: dict[str, str], marker: str,
+              pass_env: list[str] | None = None) -> dict[str, str]:
+    """The harness's environment: the allowlist, its own HOME, the harness's own variables."""
+    env = scrub_env(os.environ, pass_env or [])
+    env.update({name: str(path) for name, path in dirs.items()
+                if name not in ("AGENT", "WORKSPACE")})
+    env[MARKER_ENV] = marker
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(command_env)
+    return env
+
+
+class Supervisor:
+    """One attempt, from building the plugins to the verdict (see the module docstring)."""
+
+    def __init__(self, spec: RolloutSpec, root: Path, mode: SandboxMode,
+                 protected: list[Path] | None = None, pass_env: list[str] | None = None) -> None:
+        self.spec = spec
+        self.root = root
+        self.mode = mode
+        self.pass_env = pass_env or []
+        self.protected = [*(protected or []), root.parent, Path.home()]
+        self.stage = "building the plugins"
+
+    def run(self) -> RolloutResult:
+        """Run the attempt end to end; never raises for plugin or sandbox failures."""
+        spec = self.spec
+        started = time.monotonic()
+        base: dict[str, Any] = {"rollout_id": spec.rollout_id, "task_id": spec.task.id,
+                                "attempt": spec.attempt, "session_id": spec.session_id,
+                                "sandbox": self.mode}
+        self._environment: Environment | None = None
         try:
-            if cmd.stdin is not None and proc.stdin:
-                try:
-                    proc.stdin.write(cmd.stdin.encode())
-                    proc.stdin.close()
-                except BrokenPipeError:
-                    pass
-            proc.wait(timeout=max(timeout_s, 0.1))
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            fields = self._attempt(started)
+            return RolloutResult(**base, duration_s=time.monotonic() - started, **fields)
+        except _Stop as stop:
+            return RolloutResult(**base, status=stop.status, error=stop.error,
+                                 duration_s=time.monotonic() - started)
+        except _Terminated:
+            return RolloutResult(**base, status="infra_error", error=f"terminated while {self.stage}",
+                                 duration_s=time.monotonic() - started)
         finally:
-            # Also after a clean exit: background processes the harness left must go.
-            kill_tree(proc.pid, proc.pid, None, grace_s=1.0)
-            proc.wait()
-    return ProcessOutput(returncode=proc.returncode, stdout=_tail(out_path, 200_000),
-                         stderr=_tail(err_path, 20_000), timed_out=timed_out,
-                         duration_s=time.monotonic() - started)
+            if self._environment is not None:
+                try:
+                    self._environment.close()
+                except Exception:  # noqa: BLE001 - the verdict stands; the log has it
+                    print(traceback.format_exc(), file=sys.stderr)
 
+    def _build(self) -> tuple[Environment, Harness, Reward]:
+        spec = self.spec
+        built = []
+        for kind, name, options in (("environment", spec.environment, spec.environment_options),
+                                    ("harness", spec.harness, spec.harness_options),
+                                    ("reward", spec.reward, spec.reward_options)):
+            try:
+                built.append(build_plugin(kind, name, options))
+            except (ImportError, AttributeError, LookupError) as exc:
+                # Not installed where the supervisor runs (a Pod's image): infrastructure.
+                raise _Stop("infra_error", f"building the plugins failed: {kind} '{name}': "
+                                           f"{type(exc).__name__}: {exc}"[:2000]) from None
+            except Exception as exc:
+                raise _plugin_failure(f"building the {kind} '{name}'", exc) from None
+            if kind == "environment":
+                self._environment = built[0]
+        return built[0], built[1], built[2]
 
-def execute(spec: RolloutSpec, root: Path) -> RolloutResult:
-    """Run one attempt end to end and return its result (never raises for plugin failures)."""
-    started = time.monotonic()
-    deadline = started + spec.timeout_s
-    base: dict[str, Any] = {"rollout_id": spec.rollout_id, "task_id": spec.task.id, "attempt": spec.attempt}
+    def _call(self, stage: str, fn: Any, *args: Any) -> Any:
+        self.stage = stage
+        try:
+            return fn(*args)
+        except (_Terminated, _Stop):
+            raise
+        except Exception as exc:
+            raise _plugin_failure(stage, exc) from None
 
-    def done(**fields: Any) -> RolloutResult:
-        return RolloutResult(**base, duration_s=time.monotonic() - started, **fields)
-
-    environment: Environment | None = None
-    stage = "building the plugins"
-    try:
-        environment = build_plugin("environment", spec.environment, spec.environment_options)
-        harness: Harness = build_plugin("harness", spec.harness, spec.harness_options)
-        reward: Reward = build_plugin("reward", spec.reward, spec.reward_options)
-        workspace = root / "workspace"
-        workspace.mkdir(parents=True, exist_ok=True)
-        home = Path(os.environ["HOME"]) if os.environ.get("OPENFORGE_ROLLOUT_DIR") else root / "home"
-        home.mkdir(parents=True, exist_ok=True)
+    def _attempt(self, started: float) -> dict[str, Any]:
+        spec = self.spec
+        deadline = started + spec.timeout_s
+        environment, harness, reward = self._build()
+        dirs = agent_layout(self.root)
+        workspace, home = dirs["WORKSPACE"], dirs["HOME"]
         ctx = HarnessContext(task=spec.task, workspace=workspace, home=home,
                              base_url=spec.session_url, api_key=spec.session_token,
                              model=spec.model, timeout_s=spec.timeout_s)
-        stage = "preparing the environment"
-        environment.prepare(spec.task, workspace)
-        stage = "checking the harness"
-        harness.check()
-        stage = "preparing the harness"
-        harness.prepare(ctx)
-        stage = "running the harness"
+        self._call("preparing the environment", environment.prepare, spec.task, workspace)
+        self.stage = "checking the harness"
+        try:
+            harness.check()
+        except HarnessMissingError as exc:
+            raise _Stop("infra_error", f"harness missing: {exc}") from None
+        except Exception as exc:
+            raise _plugin_failure(self.stage, exc) from None
+        self._call("preparing the harness", harness.prepare, ctx)
+        command = self._call("building the harness command", harness.command, ctx)
+        data = [Path(p) for p in self._call("listing the task's data", environment.data_paths,
+                                            spec.task)]
+        programs = self._call("listing the harness's program paths", harness.program_paths)
+        before = tamper.digest(data) if self.mode not in ISOLATING else {}
+
+        self.stage = "running the harness"
+        # Without isolation the view is not mounted, but it still says what the agent was
+        # meant to see: links out of it are removed before the trusted side reads anything.
+        view = build_view(dirs["AGENT"], workspace=workspace, programs=programs, data=data,
+                          protected=self.protected)
+        if self.mode in ISOLATING:
+            for dropped in view.dropped:
+                print(f"openforge.rollout: not mapped into the sandbox: {dropped}", file=sys.stderr)
+        marker = os.environ.get(MARKER_ENV) or f"{spec.rollout_id}-{os.getpid()}"
+        env = agent_env(dirs, command.env, marker, self.pass_env)
         reserve = min(_RESERVE_S, spec.timeout_s * 0.2)
-        proc = run_harness(harness, ctx, root, deadline - time.monotonic() - reserve)
-        stage = "parsing the harness output"
-        output: HarnessOutput = harness.parse_output(ctx, proc)
+        out_path, err_path = self.root / "harness.stdout", self.root / "harness.stderr"
+        try:
+            exit_ = run_agent(self.mode, command.model_copy(update={"cwd": command.cwd or workspace}),
+                              env=env, view=view if self.mode in ISOLATING else None,
+                              work_dir=self.root, stdout=out_path,
+                              stderr=err_path, timeout_s=deadline - time.monotonic() - reserve,
+                              # The supervisor's own children so far (services the environment
+                              # started) are not the agent's.
+                              trusted=own_descendants())
+        except LeftoverError as exc:
+            raise _Stop("infra_error", f"could not end the agent's processes: {exc}") from None
+        if exit_.setup_error:  # the sandbox or the harness program could not start
+            raise _Stop("infra_error", f"starting the harness failed: {exit_.setup_error}")
+        # From here on no process of the agent exists: its session takes no more model calls
+        # (nothing that runs while we score can add one), and what it left is made safe.
+        self.stage = "sealing the session"
+        seal_session(spec)
+        removed = scrub(dirs["AGENT"], view.sources(), view.masks)
+        proc = ProcessOutput(returncode=exit_.returncode, stdout=_tail(out_path, 200_000),
+                             stderr=_tail(err_path, 20_000), timed_out=exit_.timed_out,
+                             duration_s=exit_.duration_s)
+
+        output: HarnessOutput = self._call("parsing the harness output", harness.parse_output,
+                                           ctx, proc)
         status = _STATUS[output.status]
         harness_output = output.model_dump(mode="json")
-        harness_output["returncode"] = proc.returncode
-        harness_output["stderr_tail"] = proc.stderr[-2000:]
+        harness_output.update(returncode=proc.returncode, stderr_tail=proc.stderr[-2000:],
+                              ended_processes=exit_.ended, removed_files=removed[:20])
+        fields: dict[str, Any] = {"final_answer": output.final_answer,
+                                  "harness_output": harness_output}
+        violation = self._violation(data, before, fields)
+        if violation is not None:
+            return violation
         if status not in ("ok", "harness_error"):
-            error = output.error or f"harness {output.status}"
-            return done(status=status, error=error, final_answer=output.final_answer,
-                        harness_output=harness_output)
-        stage = "capturing the final state"
-        final_state = dict(environment.final_state(spec.task, workspace))
-        # Rewards that judge the answer rather than the workspace read it from here.
-        final_state.setdefault("final_answer", output.final_answer)
-        final_state.setdefault("harness_status", output.status)
-        stage = "scoring"
-        calls = fetch_calls(spec) if reward.wants_calls else None
-        verdict = reward.score(spec.task, environment, workspace, final_state, calls)
-        return done(status=status, reward=verdict, final_answer=output.final_answer,
-                    error=output.error, harness_output=harness_output)
-    except HarnessMissingError as exc:
-        return done(status="infra_error", error=f"harness missing: {exc}")
-    except _Terminated:
-        return done(status="infra_error", error=f"terminated while {stage}")
-    except Exception as exc:  # a plugin failed: infrastructure, never a 0 reward
-        print(traceback.format_exc(), file=sys.stderr)  # the executor keeps the stderr tail
-        return done(status="infra_error", error=f"{stage} failed: {type(exc).__name__}: {exc}"[:2000])
-    finally:
-        if environment is not None:
-            try:
-                environment.close()
-            except Exception:
-                pass
+            return {**fields, "status": status, "error": output.error or f"harness {output.status}"}
+        # Scoring code that runs what the agent wrote runs it in a fresh sandbox of this
+        # attempt (openforge.sandbox.verifier), without the session token.
+        with verifier.active(self.mode, view, dirs["AGENT"], self.root,
+                             agent_env(dirs, {}, marker, self.pass_env)) as checks:
+            final_state = dict(self._call("capturing the final state", environment.final_state,
+                                          spec.task, workspace))
+            # Rewards that judge the answer rather than the workspace read it from here.
+            final_state.setdefault("final_answer", output.final_answer)
+            final_state.setdefault("harness_status", output.status)
+            self.stage = "fetching the recorded calls"
+            calls = fetch_calls(spec) if reward.wants_calls else None
+            verdict = self._call("scoring", reward.score, spec.task, environment, workspace,
+                                 final_state, calls)
+        removed += checks.removed
+        harness_output["removed_files"] = removed[:20]
+        if not isinstance(verdict, RewardResult):
+            raise _Stop("plugin_error", f"scoring failed: the reward returned "
+                                        f"{type(verdict).__name__}, not a RewardResult")
+        # What the checks ran of the agent's could have changed the data too.
+        violation = self._violation(data, before, fields)
+        if violation is not None:
+            return violation
+        return {**fields, "status": status, "reward": verdict, "error": output.error}
+
+    def _violation(self, data: list[Path], before: dict[str, str],
+                   fields: dict[str, Any]) -> dict[str, Any] | None:
+        """The verdict when the task's data changed under the agent (sandbox none only)."""
+        if not data or self.mode in ISOLATING:
+            return None
+        changed = tamper.changes(before, tamper.digest(data))
+        if not changed:
+            return None
+        # The agent did it: scored 0, labelled (docs/sandboxing.md).
+        verdict = RewardResult(score=0.0, passed=False, details={
+            "violation": "task data changed", "paths": changed[:20]})
+        return {**fields, "status": "violation", "reward": verdict,
+                "error": "violation: the agent changed the task's data: " + ", ".join(changed[:5])}
+
+
+def _scoring(spec: RolloutSpec, method: str, route: str) -> Any:
+    """A scoring route of the spec's session, with its scoring credential (the JSON answer)."""
+    import httpx  # only the trusted side's scoring routes need it
+
+    url = f"{spec.gateway_url.rstrip('/')}/scoring/sessions/{spec.session_id}/{route}"
+    headers = {"authorization": f"Bearer {spec.scoring_token}"}
+    for attempt in range(3):
+        try:
+            response = httpx.request(method, url, headers=headers, timeout=60.0)
+            response.raise_for_status()
+            return response.json()
+        except httpx.TransportError:
+            if attempt == 2:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("not reached")
+
+
+def seal_session(spec: RolloutSpec) -> None:
+    """Close the session for model calls now that its agent has ended (when the spec has the
+    credential to; specs without one come from tests and tools that score offline)."""
+    if not spec.scoring_token or not spec.session_id:
+        return
+    try:
+        _scoring(spec, "POST", "seal")
+    except Exception as exc:  # noqa: BLE001 - any failure: never score an unsealed session
+        raise _Stop("infra_error", f"sealing the session failed: {type(exc).__name__}: "
+                                   f"{exc}"[:2000]) from None
 
 
 def fetch_calls(spec: RolloutSpec) -> list[Call]:
-    """The session's recorded calls, read with its own token (for rewards that want them)."""
-    url = f"{spec.gateway_url.rstrip('/')}/s/{spec.session_token}/calls"
-    response = httpx.get(url, timeout=30.0)
-    response.raise_for_status()
-    return [Call.model_validate(c) for c in response.json()["calls"]]
+    """The session's recorded calls, read on the trusted side with the scoring credential."""
+    if not spec.scoring_token or not spec.session_id:
+        raise _Stop("infra_error", "the reward wants the recorded calls, but the spec carries no "
+                                   "scoring credential for its session")
+    try:
+        return [Call.model_validate(c) for c in _scoring(spec, "GET", "calls")["calls"]]
+    except Exception as exc:  # noqa: BLE001 - the gateway did not answer: infrastructure
+        raise _Stop("infra_error", f"fetching the recorded calls failed: {type(exc).__name__}: "
+                                   f"{exc}"[:2000]) from None
 
 
-def report(spec: RolloutSpec, result: RolloutResult, attempts: int = 3) -> bool:
-    """POST the result to the gateway, with retries. False when it could not be delivered."""
-    url = f"{spec.gateway_url.rstrip('/')}/s/{spec.session_token}/result"
-    body = result.model_dump(mode="json")
-    for i in range(attempts):
-        try:
-            response = httpx.post(url, json=body, timeout=10.0)
-            if response.status_code < 300:
-                return True
-            if response.status_code < 500:
-                return False  # the gateway rejected it; retrying will not help
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2 * (2 ** i))
-    return False
+def execute(spec: RolloutSpec, root: Path, mode: SandboxMode = "none",
+            protected: list[Path] | None = None, pass_env: list[str] | None = None) -> RolloutResult:
+    """Run one attempt in `root` (its directory) and return the result (for tests and tools)."""
+    return Supervisor(spec, root, mode, protected, pass_env).run()
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     raise _Terminated()
 
 
+def _arguments(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m openforge.rollout",
+                                     description="Run and score one rollout attempt.")
+    parser.add_argument("spec", nargs="?", help=f"the RolloutSpec JSON file (or ${SPEC_ENV})")
+    parser.add_argument("--sandbox", default=os.environ.get(SANDBOX_ENV) or "auto",
+                        help="auto, bwrap, namespaces or none")
+    parser.add_argument("--dir", type=Path, help="the rollout directory (default: a temp dir)")
+    parser.add_argument("--protect", type=Path, action="append", default=[],
+                        help="a folder the agent's sandbox must not see (repeatable)")
+    parser.add_argument("--pass-env", action="append", default=[],
+                        help="an extra environment variable the agent may see (repeatable)")
+    parser.add_argument("--key-on-stdin", action="store_true",
+                        help="read the result key (hex) from stdin and sign the result with it")
+    return parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    # A Kubernetes Pod cannot read the orchestrator's disk: its spec comes in $OPENFORGE_SPEC.
-    from_env = not args and bool(os.environ.get(SPEC_ENV))
-    if len(args) != 1 and not from_env:
-        print("usage: python -m openforge.rollout SPEC_JSON_PATH  (or the spec JSON in "
-              f"${SPEC_ENV})", file=sys.stderr)
+    args = _arguments(sys.argv[1:] if argv is None else argv)
+    from_env = args.spec is None and bool(os.environ.get(SPEC_ENV))
+    if args.spec is None and not from_env:
+        print(f"usage: python -m openforge.rollout SPEC_JSON_PATH  (or the spec JSON in ${SPEC_ENV})",
+              file=sys.stderr)
         return 2
-    source = f"${SPEC_ENV}" if from_env else args[0]
+    key = bytes.fromhex(sys.stdin.readline().strip()) if args.key_on_stdin else None
+    source = f"${SPEC_ENV}" if from_env else args.spec
     try:
-        text = os.environ[SPEC_ENV] if from_env else Path(args[0]).read_text()
+        text = os.environ[SPEC_ENV] if from_env else Path(args.spec).read_text()
         spec = RolloutSpec.model_validate_json(text)
     except (OSError, ValueError) as exc:
         print(f"error: cannot read rollout spec {source}: {exc}", file=sys.stderr)
         return 2
+    # Every orphan of the agent comes back to us (sandbox none), and a same-user agent
+    # cannot read our memory, environment or descriptors (when we are not root).
+    become_subreaper()
+    make_undumpable()
     signal.signal(signal.SIGTERM, _on_sigterm)
-    rollout_dir = os.environ.get("OPENFORGE_ROLLOUT_DIR")
-    root = Path(rollout_dir) if rollout_dir else Path(tempfile.mkdtemp(prefix="openforge-rollout-"))
+    root = args.dir.resolve() if args.dir else Path(tempfile.mkdtemp(prefix="openforge-rollout-"))
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o700)
     try:
-        result = execute(spec, root)
+        try:
+            mode = resolve(args.sandbox)
+        except SandboxUnavailable as exc:
+            result = RolloutResult(rollout_id=spec.rollout_id, task_id=spec.task.id,
+                                   attempt=spec.attempt, session_id=spec.session_id,
+                                   status="infra_error", error=str(exc))
+        else:
+            result = execute(spec, root, mode, args.protect, args.pass_env)
     finally:
-        if not rollout_dir:  # ours to remove; an executor's directory is the executor's
+        if not args.dir:  # ours to remove; an executor's directory is the executor's
             shutil.rmtree(root, ignore_errors=True)
-    delivered = report(spec, result)
-    if not delivered:
-        print("warning: could not POST the result to the gateway; relying on stdout",
-              file=sys.stderr)
-    sys.stdout.write("\n" + RESULT_PREFIX + json.dumps(result.model_dump(mode="json")) + "\n")
+    sys.stdout.write("\n" + result_line(result, key) + "\n")
     sys.stdout.flush()
-    termination_log = os.environ.get("OPENFORGE_TERMINATION_LOG")
+    termination_log = os.environ.get(TERMINATION_LOG_ENV)
     if termination_log:  # in a Kubernetes Pod: a compact copy in the Pod's status
         from openforge.executors.k8s_result import write_termination_message
 

@@ -8,10 +8,12 @@ A run lives in `runs/<run-id>/`:
                   (the source of truth for what is done);
 - `report.json`, `report.html` written at the end (`openforge report` rewrites them).
 
-Each attempt gets a fresh gateway session. Infrastructure failures (timeout, sandbox died,
-harness missing, engine down) are retried with a new session up to `max_infra_retries`
-times; if they persist the attempt is recorded as an infra failure, which pass rates
-exclude and the report shows apart. Never as a reward of 0.
+Attempts run through the shared rollout stack (`openforge.attempts.RolloutStack`): a fresh
+gateway session per try, the executor's result checked against the attempt, stored with its
+reward. Infrastructure failures (timeout, sandbox died, harness missing, engine down) are
+retried with a new session up to `max_infra_retries` times; if they persist the attempt is
+recorded as an infra failure, which pass rates exclude and the report shows apart. Never as
+a reward of 0. Statuses and which are scored: `openforge.types`.
 """
 
 from __future__ import annotations
@@ -40,12 +42,13 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from openforge.attempts import Attempt, RolloutStack
 from openforge.config import RunConfig
 from openforge.errors import OpenforgeError
 from openforge.executor import Executor
 from openforge.metrics import AttemptOutcome, MetricsSummary, summarize
 from openforge.rollout import build_plugin
-from openforge.types import RolloutResult, RolloutSpec, Task
+from openforge.types import StatusFlags, Task
 
 CONFIG_FILE = "config.yaml"
 RESULTS_FILE = "results.jsonl"
@@ -63,7 +66,7 @@ class RunInterrupted(OpenforgeError):
     exit_code = 130
 
 
-class AttemptRecord(BaseModel):
+class AttemptRecord(StatusFlags, BaseModel):
     """One finished attempt: a line of results.jsonl."""
 
     task_id: str
@@ -81,11 +84,22 @@ class AttemptRecord(BaseModel):
     infra_errors: list[str] = Field(default_factory=list)
     session_ids: list[str] = Field(default_factory=list)  # every try's session, last = this one
     prompt: str = ""
+    sandbox: str = ""  # how the agent was isolated: bwrap, namespaces, none (in a Pod: inside it)
     finished_at: float = Field(default_factory=time.time)
 
-    @property
-    def is_infra_failure(self) -> bool:
-        return self.status in ("infra_error", "timeout")
+
+    @classmethod
+    def of(cls, task: Task, attempt_no: int, attempt: Attempt) -> AttemptRecord:
+        """The record of one finished attempt of the stack."""
+        result, reward = attempt.result, attempt.result.reward
+        return cls(
+            task_id=task.id, attempt=attempt_no, rollout_id=attempt.rollout_id,
+            session_id=attempt.session.id, status=result.status,
+            reward=reward.score if reward else None, passed=bool(reward and reward.passed),
+            reward_details=reward.details if reward else {}, final_answer=result.final_answer,
+            error=result.error, duration_s=result.duration_s, tries=attempt.tries,
+            infra_errors=attempt.infra_errors, session_ids=attempt.session_ids,
+            prompt=task.prompt, sandbox=result.sandbox)
 
     def outcome(self) -> AttemptOutcome:
         return AttemptOutcome(task_id=self.task_id, attempt=self.attempt, status=self.status,
@@ -101,14 +115,6 @@ class RunSummary(BaseModel):
     report_paths: list[Path] = Field(default_factory=list)
     attempts_run: int = 0  # attempts finished by this invocation (not counting resumed ones)
     elapsed_s: float = 0.0
-
-
-def _close_session(gateway: Any, session_id: str) -> None:
-    """Close the session in the gateway (drops its token cache) or, failing that, in the store."""
-    if hasattr(gateway, "close_session"):
-        gateway.close_session(session_id)
-    else:
-        gateway.store.close_session(session_id)
 
 
 def new_run_id() -> str:
@@ -189,6 +195,7 @@ class Runner:
         self.records: list[AttemptRecord] = read_results(run_dir)
         self.attempts_run = 0
         self._results_file: Any = None
+        self._environment: Any = None  # built in run(); the stack reads task data paths
         # The run's harness options plus what `Harness.install` resolved (binary paths).
         self._harness_options: dict[str, Any] = dict(config.harness_options)
 
@@ -242,69 +249,20 @@ class Runner:
 
     # -- one attempt -----------------------------------------------------------------------
 
-    async def _attempt(self, gateway: Any, executor: Executor, task: Task, attempt: int) -> AttemptRecord:
-        cfg = self.config
-        infra_errors: list[str] = []
-        session_ids: list[str] = []
-        result: RolloutResult | None = None
-        session_id = rollout_id = ""
-        for try_no in range(cfg.max_infra_retries + 1):
-            rollout_id = f"{task.id}.{attempt}.{try_no}.{secrets.token_hex(3)}"
-            session = gateway.open_session(
-                self.run_id, rollout_id, task.id, sampling=cfg.sampling,
-                metadata={"prompt": task.prompt, "attempt": attempt, "try": try_no,
-                          "harness": cfg.harness, "environment": cfg.environment})
-            session_id = session.id
-            session_ids.append(session_id)
-            spec = RolloutSpec(
-                run_id=self.run_id, rollout_id=rollout_id, attempt=attempt, task=task,
-                harness=cfg.harness, harness_options=self._harness_options,
-                environment=cfg.environment, environment_options=cfg.environment_options,
-                reward=cfg.reward, reward_options=cfg.reward_options,
-                gateway_url=gateway.url_for(session),
-                session_token=session.token, model=cfg.gateway.served_model_name,
-                timeout_s=cfg.timeout_s)
-            try:
-                result = await executor.run(spec)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # an executor bug must not end the run
-                result = RolloutResult(rollout_id=rollout_id, task_id=task.id, attempt=attempt,
-                                       status="infra_error",
-                                       error=f"executor failed: {type(exc).__name__}: {exc}")
-            # The POSTed result is the sandbox's own account; stdout is the fallback.
-            stored = gateway.store.get_result(session_id)
-            if stored is not None:
-                result = stored
-            else:
-                gateway.store.save_result(session_id, result)
-            if result.reward is not None:
-                gateway.store.set_reward(session_id, result.reward.score, result.reward.details)
-            _close_session(gateway, session_id)
-            if not result.is_infra_failure:
-                break
-            infra_errors.append(f"{result.status}: {result.error}")
-        assert result is not None
-        return AttemptRecord(
-            task_id=task.id, attempt=attempt, rollout_id=rollout_id, session_id=session_id,
-            status=result.status, reward=result.reward.score if result.reward else None,
-            passed=bool(result.reward and result.reward.passed),
-            reward_details=result.reward.details if result.reward else {},
-            final_answer=result.final_answer, error=result.error, duration_s=result.duration_s,
-            tries=len(session_ids), infra_errors=infra_errors, session_ids=session_ids,
-            prompt=task.prompt)
+    def stack(self, gateway: Any, executor: Executor) -> RolloutStack:
+        """The rollout stack this run's attempts go through (see `openforge.attempts`)."""
+        executor.protect(self.run_dir)
+        return RolloutStack(gateway, executor, self.config, self._harness_options,
+                            self._environment)
 
-    async def attempt(self, gateway: Any, executor: Executor, task: Task, attempt: int) -> AttemptRecord:
-        """One attempt of `task` through an already started gateway and executor.
-
-        Trainers call this to reuse one gateway and engine across training steps.
-        """
-        return await self._attempt(gateway, executor, task, attempt)
+    async def attempt(self, stack: RolloutStack, task: Task, attempt: int) -> AttemptRecord:
+        """One attempt of `task` through a started stack, as a results.jsonl record."""
+        return AttemptRecord.of(task, attempt, await stack.attempt(task, attempt, self.run_id))
 
     # -- the loop --------------------------------------------------------------------------
 
     def _stats(self) -> str:
-        scored = [r for r in self.records if not r.is_infra_failure]
+        scored = [r for r in self.records if r.is_scored]
         infra = len(self.records) - len(scored)
         rate = f"{sum(r.passed for r in scored) / len(scored):.0%}" if scored else "-"
         return f"pass {rate}  infra failures {infra}"
@@ -315,7 +273,8 @@ class Runner:
 
         cfg = self.config
         started = time.monotonic()
-        environment = build_plugin("environment", cfg.environment, cfg.environment_options)
+        environment = self._environment = build_plugin("environment", cfg.environment,
+                                                       cfg.environment_options)
         tasks = select_tasks(cfg, list(environment.tasks(cfg.split)))
         done = {(r.task_id, r.attempt) for r in self.records}
         pending = [(t, a) for t in tasks for a in range(cfg.k) if (t.id, a) not in done]
@@ -357,9 +316,13 @@ class Runner:
                 bar: TaskID = progress.add_task("rollouts", total=total, completed=len(done),
                                                 stats=self._stats())
 
+                stack = self.stack(gateway, executor)
+                pending_ids = {t.id for t, _ in pending}
+                stack.guard([t for t in tasks if t.id in pending_ids])
+
                 async def one(task: Task, attempt: int) -> None:
                     async with semaphore:
-                        record = await self._attempt(gateway, executor, task, attempt)
+                        record = await self.attempt(stack, task, attempt)
                     self._write_record(record)
                     self.attempts_run += 1
                     progress.update(bar, advance=1, stats=self._stats())

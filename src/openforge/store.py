@@ -19,6 +19,10 @@ Storage choices:
   token each instead of ~6 as JSON text). Raw requests/responses are JSON text, zlib-compressed
   when larger than `COMPRESS_OVER` bytes (a column holds TEXT or a compressed BLOB; the type
   tells which).
+- Session tokens and scoring credentials are stored as their SHA-256 only (`token_hash`,
+  `scoring_hash`); the gateway looks sessions up by hash. A store that an agent manages to
+  read (sandbox none) leaks no credential. Schema 1 stores (tokens in clear) are migrated in
+  place when opened.
 - Images (screenshots a harness sent) are stored once each, keyed by the sha256 of their
   exact bytes, in the `images` table; a call's `images` column lists the hashes its prompt
   holds, in order. A call's new images are inserted in the call's own transaction, so a
@@ -27,6 +31,7 @@ Storage choices:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import struct
@@ -42,7 +47,7 @@ from typing import Any, NamedTuple
 from openforge.errors import OpenforgeError
 from openforge.types import Call, RolloutResult, SamplingParams, Session
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 COMPRESS_OVER = 4096  # bytes of JSON text above which request/response are zlib-compressed
 # Level 1: within a few percent of level 6's size on request JSON, at a fraction of its CPU.
 ZLIB_LEVEL = 1
@@ -65,7 +70,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY,
-    token TEXT NOT NULL UNIQUE,
+    token_hash TEXT NOT NULL UNIQUE,
     run_id TEXT NOT NULL DEFAULT '',
     rollout_id TEXT NOT NULL DEFAULT '',
     task_id TEXT NOT NULL DEFAULT '',
@@ -77,7 +82,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     reward_details TEXT,
     created_at REAL NOT NULL,
     closed_at REAL,
-    metadata TEXT NOT NULL DEFAULT '{}'
+    metadata TEXT NOT NULL DEFAULT '{}',
+    scoring_hash TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS sessions_run ON sessions (run_id, created_at);
 CREATE TABLE IF NOT EXISTS calls (
@@ -126,9 +132,17 @@ _CALL_COLUMNS = (
 )
 _INSERT_CALL = f"INSERT INTO calls ({_CALL_COLUMNS}) VALUES ({', '.join('?' * 22)})"
 _SESSION_COLUMNS = (
-    "id, token, run_id, rollout_id, task_id, model, sampling, weight_version, status, reward, "
-    "created_at, closed_at, metadata"
+    "id, token_hash, run_id, rollout_id, task_id, model, sampling, weight_version, status, "
+    "reward, created_at, closed_at, metadata, scoring_hash"
 )
+
+
+def secret_hash(secret: str) -> str:
+    """What the store keeps of a session token or scoring credential (SHA-256, hex).
+
+    The secrets are 32 random bytes: a fast hash is enough, no salt or stretching needed.
+    """
+    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def ids_to_blob(ids: Sequence[int]) -> bytes:
@@ -228,10 +242,10 @@ def _row_to_call(row: sqlite3.Row | tuple[Any, ...]) -> Call:
 
 
 def _row_to_session(row: sqlite3.Row | tuple[Any, ...]) -> Session:
-    (sid, token, run_id, rollout_id, task_id, model, sampling, weight_version, status, reward,
-     created_at, closed_at, metadata) = row
+    (sid, token_hash, run_id, rollout_id, task_id, model, sampling, weight_version, status,
+     reward, created_at, closed_at, metadata, scoring_hash) = row
     return Session(
-        id=sid, token=token, run_id=run_id, rollout_id=rollout_id, task_id=task_id, model=model,
+        id=sid, token_hash=token_hash, scoring_hash=scoring_hash, run_id=run_id, rollout_id=rollout_id, task_id=task_id, model=model,
         sampling=SamplingParams.model_validate_json(sampling), weight_version=weight_version,
         status=status, reward=reward, created_at=created_at, closed_at=closed_at,
         metadata=json.loads(metadata),
@@ -326,11 +340,15 @@ class Store:
                 raise StoreError(
                     f"{self.path} was written by a newer openforge (store schema {version}, this "
                     f"version reads up to {SCHEMA_VERSION}); upgrade openforge to read it")
+            if version == 1:
+                self._migrate_from_1(conn)
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
             if version is None:
                 conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+            elif version < SCHEMA_VERSION:
+                conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
         except sqlite3.DatabaseError as exc:
             conn.execute("ROLLBACK")
             raise StoreError(f"{self.path} is not an openforge store ({exc})") from None
@@ -338,6 +356,16 @@ class Store:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+
+    @staticmethod
+    def _migrate_from_1(conn: sqlite3.Connection) -> None:
+        """Schema 1 kept session tokens in clear: keep their hashes instead."""
+        conn.execute("ALTER TABLE sessions RENAME COLUMN token TO token_hash")
+        conn.execute("ALTER TABLE sessions ADD COLUMN scoring_hash TEXT NOT NULL DEFAULT ''")
+        rows = conn.execute("SELECT id, token_hash FROM sessions").fetchall()
+        for sid, token in rows:
+            conn.execute("UPDATE sessions SET token_hash = ? WHERE id = ?",
+                         (secret_hash(token), sid))
 
     @property
     def schema_version(self) -> int:
@@ -399,19 +427,23 @@ class Store:
     # -- sessions ----------------------------------------------------------------------
 
     def create_session(self, session: Session) -> Session:
-        """Record a new session; its id and token must be unique."""
+        """Record a new session; its id and token must be unique. Only the hashes of its
+        token and scoring credential are written (computed here when not set)."""
+        token_hash = session.token_hash or secret_hash(session.token)
+        scoring_hash = session.scoring_hash or (
+            secret_hash(session.scoring_token) if session.scoring_token else "")
         try:
             self._write(
                 f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (session.id, session.token, session.run_id, session.rollout_id, session.task_id,
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (session.id, token_hash, session.run_id, session.rollout_id, session.task_id,
                  session.model, session.sampling.model_dump_json(), session.weight_version,
                  session.status, session.reward, session.created_at, session.closed_at,
-                 json.dumps(session.metadata)),
+                 json.dumps(session.metadata), scoring_hash),
             )
         except sqlite3.IntegrityError:
             raise StoreError(f"session {session.id!r} (or its token) already exists") from None
-        return session
+        return session.model_copy(update={"token_hash": token_hash, "scoring_hash": scoring_hash})
 
     def get_session(self, session_id: str) -> Session | None:
         row = self._conn().execute(
@@ -419,8 +451,13 @@ class Store:
         return _row_to_session(row) if row else None
 
     def get_session_by_token(self, token: str) -> Session | None:
+        """The session `token` belongs to (looked up by its hash)."""
+        return self.get_session_by_token_hash(secret_hash(token))
+
+    def get_session_by_token_hash(self, token_hash: str) -> Session | None:
         row = self._conn().execute(
-            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE token = ?", (token,)).fetchone()
+            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE token_hash = ?", (token_hash,)
+        ).fetchone()
         return _row_to_session(row) if row else None
 
     def open_session_ids(self) -> list[str]:
@@ -447,11 +484,14 @@ class Store:
         if cur.rowcount == 0:
             raise StoreError(f"no session {session_id!r}")
 
-    def set_reward(self, session_id: str, reward: float, details: dict[str, Any] | None = None) -> None:
-        """Set (or replace) a session's reward and the reward's details."""
+    def set_reward(self, session_id: str, reward: float | None,
+                   details: dict[str, Any] | None = None) -> None:
+        """Set (or replace) a session's reward and the reward's details; None: no reward
+        (an attempt that was not scored), replacing whatever was there."""
         cur = self._write(
             "UPDATE sessions SET reward = ?, reward_details = ? WHERE id = ?",
-            (float(reward), json.dumps(details) if details is not None else None, session_id))
+            (None if reward is None else float(reward),
+             json.dumps(details) if details is not None else None, session_id))
         if cur.rowcount == 0:
             raise StoreError(f"no session {session_id!r}")
 

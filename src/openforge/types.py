@@ -7,7 +7,7 @@ the trainers. Everything that crosses a process or a file is one of these models
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,12 +40,19 @@ class SamplingParams(BaseModel):
 class Session(BaseModel):
     """One harness run talking to the gateway: one rollout attempt.
 
-    The `token` is both the path segment (`/s/<token>/v1`) and the API key; it grants access
-    to this session alone.
+    The `token` is both the path segment (`/s/<token>/v1`) and the API key; it grants model
+    calls in this session alone and nothing else (no result, reward or admin route). The
+    `scoring_token` is the trusted side's credential for reading the session's recorded calls
+    (`GET /scoring/sessions/{id}/calls`); the agent never holds it. Both exist in clear only
+    in the object `open` returns: the store keeps their SHA-256 (`token_hash`,
+    `scoring_hash`), so a readable store leaks no credential.
     """
 
     id: str
-    token: str
+    token: str = ""
+    token_hash: str = ""
+    scoring_token: str = ""
+    scoring_hash: str = ""
     run_id: str = ""
     rollout_id: str = ""
     task_id: str = ""
@@ -122,6 +129,11 @@ class RolloutSpec(BaseModel):
     reward_options: dict[str, Any] = Field(default_factory=dict)
     gateway_url: str
     session_token: str
+    # The session this attempt runs in: its result must name it (or it is refused).
+    session_id: str = ""
+    # The trusted side's credential for the session's recorded calls (rewards that want
+    # them); never given to the agent. Empty: the reward gets no calls.
+    scoring_token: str = ""
     model: str = "policy"
     timeout_s: float = 300.0
 
@@ -131,17 +143,55 @@ class RolloutSpec(BaseModel):
         return f"{self.gateway_url.rstrip('/')}/s/{self.session_token}/v1"
 
 
-RolloutStatus = Literal["ok", "harness_error", "infra_error", "timeout"]
+# -- attempt statuses: the one place they are defined -----------------------------------------
+#
+#   ok             the harness ran to its end (whatever the agent achieved)     scored
+#   harness_error  the agent program failed on its own                          scored
+#   violation      the agent broke the sandbox's rules (tampered with the task's  scored 0,
+#                  data, ...): the agent did it, so it is scored, with reward 0  labelled
+#   infra_error    the infrastructure failed (sandbox or supervisor died, engine not scored,
+#                  down, harness missing)                                        retried
+#   timeout        out of time                                                  not scored,
+#                                                                                retried
+#   plugin_error   environment, reward or harness-adapter code raised: a bug     not scored,
+#                  that a retry would only repeat                                not retried
+RolloutStatus = Literal["ok", "harness_error", "violation", "infra_error", "timeout",
+                        "plugin_error"]
+SCORED_STATUSES: frozenset[str] = frozenset({"ok", "harness_error", "violation"})
 INFRA_STATUSES: frozenset[str] = frozenset({"infra_error", "timeout"})
+RETRIED_STATUSES: frozenset[str] = INFRA_STATUSES
+PLUGIN_STATUSES: frozenset[str] = frozenset({"plugin_error"})
 
 
-class RolloutResult(BaseModel):
-    """What came out of one attempt.
+class StatusFlags:
+    """What a `status` means, for every model that has one (results, records, outcomes)."""
 
-    `status` says whether the attempt is usable: `ok` (the harness ran to its end, whatever
-    the agent achieved) and `harness_error` (the agent program failed on its own) are scored;
-    `infra_error` and `timeout` are infrastructure failures: retried by the runner, labelled,
-    and never scored as a 0 reward.
+    if TYPE_CHECKING:  # declared by each model, in its own place among its fields
+        status: str
+
+    @property
+    def is_infra_failure(self) -> bool:
+        return self.status in INFRA_STATUSES
+
+    @property
+    def is_plugin_failure(self) -> bool:
+        return self.status in PLUGIN_STATUSES
+
+    @property
+    def is_scored(self) -> bool:
+        return self.status in SCORED_STATUSES
+
+    @property
+    def is_retried(self) -> bool:
+        return self.status in RETRIED_STATUSES
+
+
+class RolloutResult(StatusFlags, BaseModel):
+    """What came out of one attempt (statuses: see `RolloutStatus` above).
+
+    `session_id` names the session the attempt ran in: an executor refuses a result whose
+    rollout, task, attempt or session differs from its spec. `sandbox` says how the agent
+    was isolated: `bwrap`, `namespaces` or `none` (in a Pod: the mode inside it).
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -149,16 +199,14 @@ class RolloutResult(BaseModel):
     rollout_id: str
     task_id: str = ""
     attempt: int = 0
+    session_id: str = ""
     status: RolloutStatus = "ok"
     reward: RewardResult | None = None
     final_answer: str | None = None
     error: str | None = None
     duration_s: float = 0.0
+    sandbox: str = ""
     harness_output: dict[str, Any] = Field(default_factory=dict)
-
-    @property
-    def is_infra_failure(self) -> bool:
-        return self.status in INFRA_STATUSES
 
 
 class Sample(BaseModel):

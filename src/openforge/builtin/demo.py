@@ -9,7 +9,6 @@ workspace afterwards. Checkers give partial credit where a task has separable pa
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from openforge.environment import Environment
+from openforge.sandbox import verifier
 from openforge.types import RewardResult, Task
 
 ENV_NAME = "demo"
@@ -57,10 +57,9 @@ def _parts(**parts: bool) -> tuple[float, dict[str, Any]]:
 
 
 def _run_python(ws: Path, script: str) -> tuple[int, str]:
-    try:
-        proc = subprocess.run([sys.executable, script], cwd=ws, capture_output=True, text=True,
-                              timeout=20, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
+    # The agent wrote the script: in a rollout it runs in a fresh sandbox, never here.
+    proc = verifier.run([sys.executable, script], cwd=ws, timeout_s=20)
+    if proc.timed_out or proc.returncode is None:
         return -1, ""
     return proc.returncode, proc.stdout
 

@@ -5,8 +5,9 @@ default model rambles, and 2 CPU cores must finish `openforge run` in minutes),
 `temperature` (default: the session's sampling).
 
 `AgentProgramHarness` is the part any agent program of this kind shares (the task in a
-file, `python -m <program>` against the session URL, a JSON transcript, exit code 0 done /
-1 agent error / other: crashed); openforge-gui's `gui-agent` builds on it too.
+file, `python -m <program>` against the session URL given in `OPENAI_BASE_URL` and the token
+in `OPENAI_API_KEY`, never on the command line; a JSON transcript; exit code 0 done / 1 agent
+error / other: crashed); openforge-gui's `gui-agent` builds on it too.
 """
 
 from __future__ import annotations
@@ -73,9 +74,10 @@ class AgentProgramHarness(Harness):
         return []
 
     def command(self, ctx: HarnessContext) -> Command:
+        # The endpoint and the key travel in the environment only: argv is public (`ps`).
         argv = [sys.executable, "-m", self.program,
                 "--task-file", str(ctx.home / self.task_file), "--workspace", str(ctx.workspace),
-                "--transcript", str(ctx.home / self.transcript_file), "--base-url", ctx.base_url,
+                "--transcript", str(ctx.home / self.transcript_file),
                 "--model", ctx.model, "--max-steps", str(self.config.max_steps),
                 "--max-tokens", str(self.config.max_tokens)]
         if self.config.temperature is not None:

@@ -1,11 +1,13 @@
 """The `mini` agent program: a small, honest ReAct loop on the official `openai` SDK.
 
     python -m openforge.builtin.mini_agent --task-file T --workspace W --transcript J
-        [--base-url URL] [--model M] [--max-steps 6] [--max-tokens 256] [--temperature X]
+        [--model M] [--max-steps 6] [--max-tokens 256] [--temperature X]
 
-The key comes from `OPENAI_API_KEY` (the session token), the endpoint from `--base-url`
-or `OPENAI_BASE_URL`. Tools: `shell` {command} runs in the workspace (timeout, output
-truncated) and `write_file` {path, content} writes inside the workspace only. A reply
+The key comes from `OPENAI_API_KEY` (the session token) and the endpoint from
+`OPENAI_BASE_URL` (the session URL, which holds the token too): both in the environment,
+never on the command line, where every process can read them (`ps`). Tools: `shell`
+{command} runs in the workspace (timeout, output truncated) and `write_file` {path,
+content} writes inside the workspace only. A reply
 without tool calls ends the loop: its text is the final answer, printed as the last line
 of stdout. The transcript (every message) is written to `--transcript` as JSON.
 
@@ -109,6 +111,7 @@ def agent_arguments(prog: str, max_steps: int, max_tokens: int) -> argparse.Argu
     p.add_argument("--task-file", type=Path, required=True)
     p.add_argument("--workspace", type=Path, required=True)
     p.add_argument("--transcript", type=Path, required=True)
+    # The harnesses leave it unset (the URL holds the token; argv is public): from the env.
     p.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL"))
     p.add_argument("--model", default="policy")
     p.add_argument("--max-steps", type=int, default=max_steps)

@@ -18,6 +18,13 @@ from typing import Any, Literal
 from kubernetes_asyncio.client import models as k8s
 from pydantic import BaseModel, ConfigDict, Field
 
+from openforge.sandbox.protocol import (
+    POD_NAME_ENV,
+    PROXY_URL_ENV,
+    ROLLOUT_ID_ENV,
+    SPEC_ENV,
+    TERMINATION_LOG_ENV,
+)
 from openforge.types import RolloutSpec
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -27,8 +34,6 @@ ATTEMPT_LABEL = "openforge.io/attempt"
 DIGEST_ANNOTATION = "openforge.io/spec-digest"
 CONTAINER = "rollout"
 TERMINATION_LOG = "/dev/termination-log"
-SPEC_ENV = "OPENFORGE_SPEC"
-TERMINATION_LOG_ENV = "OPENFORGE_TERMINATION_LOG"
 # One env string must stay under Linux's MAX_ARG_STRLEN (128 KiB) or exec fails in the Pod.
 MAX_SPEC_BYTES = 120_000
 
@@ -131,9 +136,9 @@ def build_pod(spec: RolloutSpec, options: KubernetesOptions,
     env += [
         k8s.V1EnvVar(name=SPEC_ENV, value=spec_json),
         k8s.V1EnvVar(name=TERMINATION_LOG_ENV, value=TERMINATION_LOG),
-        k8s.V1EnvVar(name="OPENFORGE_ROLLOUT_ID", value=spec.rollout_id),
-        k8s.V1EnvVar(name="OPENFORGE_PROXY_URL", value=in_pod.session_url),
-        k8s.V1EnvVar(name="OPENFORGE_POD_NAME", value_from=k8s.V1EnvVarSource(
+        k8s.V1EnvVar(name=ROLLOUT_ID_ENV, value=spec.rollout_id),
+        k8s.V1EnvVar(name=PROXY_URL_ENV, value=in_pod.session_url),
+        k8s.V1EnvVar(name=POD_NAME_ENV, value_from=k8s.V1EnvVarSource(
             field_ref=k8s.V1ObjectFieldSelector(field_path="metadata.name"))),
         k8s.V1EnvVar(name="PYTHONUNBUFFERED", value="1"),
     ]

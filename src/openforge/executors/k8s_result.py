@@ -1,9 +1,10 @@
-"""A rollout's result as a Kubernetes Pod reports it, when the gateway never got it.
+"""A rollout's result as a Kubernetes Pod reports it.
 
-The rollout POSTs its `RolloutResult` to the gateway (primary). Inside a Pod it also writes a
-compact copy to the termination message (at most 4 KiB, kept in the Pod status, so it costs
-no extra API call), and prints the full one as the last log line. This module writes the
-compact copy (in the Pod) and turns a finished Pod's status back into a `RolloutResult`.
+The rollout supervisor writes a compact copy of its `RolloutResult` to the termination message
+(at most 4 KiB, kept in the Pod status, so it costs no extra API call) and prints the full one
+as the last log line (`openforge.sandbox.protocol`). This module writes the compact copy (in
+the Pod) and turns a finished Pod's status back into a `RolloutResult`. Which of these
+channels the agent cannot write is the Pod's design (docs/sandboxing.md, "Kubernetes").
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from openforge.sandbox.protocol import RESULT_PREFIX, ResultRefused
+from openforge.sandbox.protocol import parse_result as parse_result_line
 from openforge.types import RolloutResult
 
-RESULT_PREFIX = "OPENFORGE_RESULT "
 MAX_MESSAGE = 4096
 IMAGE_ERRORS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
                           "ErrImageNeverPull", "CreateContainerConfigError",
@@ -47,14 +49,11 @@ def write_termination_message(path: str, result: RolloutResult) -> None:
 
 
 def parse_result(text: str) -> RolloutResult | None:
-    """The last `OPENFORGE_RESULT` line of `text` as a result, if there is a valid one."""
-    for line in reversed(text.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            try:
-                return RolloutResult.model_validate_json(line[len(RESULT_PREFIX):])
-            except ValueError:
-                return None
-    return None
+    """The result on the last non-empty line of `text`, if that line is a valid one."""
+    try:
+        return parse_result_line(text)
+    except ResultRefused:
+        return None
 
 
 def container_state(pod: dict[str, Any]) -> dict[str, Any]:

@@ -2,10 +2,11 @@
 
 Per attempt: a Pod with a deterministic name (`k8s_pods.pod_name`), run labels, an
 `activeDeadlineSeconds` backstop, requests/limits, no service-account token, the spec in an
-env var; it runs `python -m openforge.rollout`, which POSTs the result to the gateway and
-leaves a compact copy in the termination message. The executor waits on one shared watch
-per run (`k8s_watch`), fails fast on image-pull errors and rejected specs, bounds Pods in
-flight and the creation rate, retries transient API errors (`k8s_api`).
+env var; it runs the rollout supervisor `python -m openforge.rollout`, which leaves its
+result in the termination message (a compact copy) and as its last log line; a result for
+another rollout, task, attempt or session is refused. The executor waits on one shared
+watch per run (`k8s_watch`), fails fast on image-pull errors and rejected specs, bounds Pods
+in flight and the creation rate, retries transient API errors (`k8s_api`).
 
 Cleanup, four layers: (1) every attempt deletes its Pod with grace 0 in `finally`, also on
 cancellation; (2) a label sweep of the run's Pods at start (after the adoption window) and
@@ -70,6 +71,7 @@ from openforge.executors.k8s_result import (  # noqa: E402
     waiting_error,
 )
 from openforge.executors.k8s_watch import PodWatcher  # noqa: E402
+from openforge.sandbox.protocol import ResultRefused, check_result  # noqa: E402
 
 log = logging.getLogger("openforge.executors.kubernetes")
 _SYNC_TIMEOUT_S = 60.0
@@ -338,8 +340,13 @@ class KubernetesExecutor(Executor):
         if result is None:
             tail = await (await self._connect()).pod_log(name, self.config.log_tail_lines)
             result = parse_result(tail)
-        if result is not None and result.rollout_id == spec.rollout_id:
-            return result
+        # As from a local supervisor: only one that exited 0 reported (an agent that killed it
+        # may have left a forged line behind), and only a result of this very attempt.
+        if result is not None and terminated.get("exitCode") == 0:
+            try:
+                return check_result(result, spec)
+            except ResultRefused:
+                pass
         code = terminated.get("exitCode")
         detail = (tail or terminated.get("message") or "").strip()[-1500:]
         return failed("infra_error",

@@ -1,23 +1,34 @@
-"""The `local` executor: one rollout = one process group on this machine.
+"""The `local` executor: one rollout = one supervisor process on this machine.
 
-Per rollout: a fresh temporary directory holding `home/`, the XDG directories, `tmp/` and
-the spec; an environment scrubbed down to an allowlist (no API keys, tokens or cloud
-credentials of the user reach the harness); its own session/process group; a hard
-timeout that kills the whole tree; PR_SET_PDEATHSIG so nothing outlives a crashed runner.
+Per rollout: a fresh directory (mode 0700) holding the spec and the supervisor's output, and
+its `agent/` part; the supervisor (`python -m openforge.rollout`) started as a plain process
+with an environment cut down to an allowlist (`openforge.sandbox.protocol.scrub_env`: no API
+keys, tokens or cloud credentials of the user reach a rollout) and its own session; a hard
+timeout that ends the whole tree; PR_SET_PDEATHSIG so nothing outlives a crashed runner.
+The supervisor runs the harness in the agent's sandbox (option `sandbox`), ends it, scores it
+and prints the result as its last line, signed with a per-attempt key it got on its stdin.
+This executor accepts the result only from a supervisor that exited 0, only on that last
+line, only with a valid signature, and only for this attempt; anything else is
+`infra_error` ("rollout supervisor died: ..."), never a pass.
 
-Sandboxing: with `sandbox="auto"` (default) the rollout runs under bubblewrap when `bwrap`
-is installed (`apt-get install bubblewrap`): the whole file system read-only except the
-rollout directory, a private /tmp, /proc and /dev, all namespaces unshared except the
-network (the harness must reach the gateway on 127.0.0.1). `sandbox="none"` runs it as a
-plain process group; `sandbox="bwrap"` requires bubblewrap.
+`sandbox` (`auto` by default): `bwrap` when bubblewrap is installed, else `namespaces` when
+the kernel lets this user create user, mount and PID namespaces, else `none`, which warns
+loudly. docs/sandboxing.md says what each guarantees. `pass_env` names extra variables a
+rollout may see (never a credential-like name).
+
+The runner process is made a child subreaper: if an agent kills its supervisor (possible only
+without isolation), the agent's orphans are re-parented to the runner, and the executor ends
+every child the runner adopted since that supervisor started (other than supervisors).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-import re
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,22 +36,36 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+import psutil
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from openforge.config import plugin_options
 from openforge.errors import OpenforgeError
 from openforge.executor import Executor
-from openforge.executors.process import MARKER_ENV, die_with_parent, kill_tree
+from openforge.executors.process import (
+    become_subreaper,
+    die_with_parent,
+    kill_tree,
+    make_undumpable,
+)
+from openforge.sandbox.modes import (
+    SandboxUnavailable,
+    bwrap_path,
+    none_mode_warning,
+    resolve,
+)
+from openforge.sandbox.protocol import (
+    MARKER_ENV,
+    ResultRefused,
+    check_result,
+    looks_like_credential,
+    new_result_key,
+    parse_result,
+    scrub_env,
+)
 from openforge.types import RolloutResult, RolloutSpec
 
-RESULT_PREFIX = "OPENFORGE_RESULT "
-
-_ALLOWED_EXACT = {"PATH", "LANG", "LANGUAGE", "TERM", "TZ", "USER", "LOGNAME", "SHELL",
-                  "PYTHONPATH", "PYTHONDONTWRITEBYTECODE",
-                  "SSL_CERT_FILE", "SSL_CERT_DIR", "OPENFORGE_DEBUG"}
-_ALLOWED_PREFIX = ("LC_", "OPENFORGE_")
-# Anything that smells like a credential is dropped even when its prefix is allowed.
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION", re.I)
+__all__ = ["LocalExecutor", "LocalExecutorError", "LocalOptions", "bwrap_path", "scrub_env"]
 
 
 class LocalExecutorError(OpenforgeError):
@@ -52,54 +77,60 @@ class LocalOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    sandbox: Literal["auto", "bwrap", "none"] = "auto"
+    sandbox: Literal["auto", "bwrap", "namespaces", "none"] = "auto"
     grace_s: float = 2.0  # SIGTERM -> SIGKILL
     # Extra seconds past spec.timeout_s before the executor kills the rollout itself
-    # (rollout.py enforces the harness timeout and needs a moment to report).
+    # (the supervisor enforces the harness timeout and needs a moment to report).
     kill_margin_s: float = 15.0
     keep_dirs: bool = False
     base_dir: Path | None = None
     python: str = sys.executable
+    pass_env: list[str] = Field(default_factory=list)  # extra variables rollouts may see
+
+    @field_validator("pass_env")
+    @classmethod
+    def _no_credentials(cls, names: list[str]) -> list[str]:
+        bad = [n for n in names if looks_like_credential(n)]
+        if bad:
+            raise ValueError(f"{', '.join(bad)} look like credentials; rollouts never get "
+                             "credentials (the harness talks to the gateway only)")
+        return names
 
 
-def scrub_env(parent: dict[str, str]) -> dict[str, str]:
-    """Keep only the allowlisted variables of `parent`, never a credential."""
-    env = {}
-    for name, value in parent.items():
-        allowed = name in _ALLOWED_EXACT or name.startswith(_ALLOWED_PREFIX)
-        if allowed and not _SECRET.search(name):
-            env[name] = value
-    env.setdefault("PATH", os.defpath)
-    return env
-
-
-def bwrap_path() -> str | None:
-    return shutil.which("bwrap")
+# Supervisors started by any local executor of this process: never swept as orphans.
+_SUPERVISORS: set[int] = set()
 
 
 class LocalExecutor(Executor):
-    """One process group per rollout, isolated HOME and temp dir, hard timeout (bubblewrap when installed)."""
+    """One supervisor per rollout on this machine; the agent in bubblewrap or namespaces."""
 
     shares_filesystem = True  # rollouts run here: harness programs are installed once, here
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.config = plugin_options(LocalOptions, options, "executor", LocalExecutorError)
-        bwrap = bwrap_path()
-        if self.config.sandbox == "bwrap" and not bwrap:
-            raise LocalExecutorError(
-                "executor option sandbox=bwrap, but bubblewrap is not installed; "
-                "install it (apt-get install bubblewrap) or use sandbox=auto")
-        self.bwrap = bwrap if self.config.sandbox in ("auto", "bwrap") else None
+        try:
+            self.mode = resolve(self.config.sandbox)
+        except SandboxUnavailable as exc:
+            raise LocalExecutorError(f"executor option {exc}") from None
+        self.bwrap = bwrap_path() if self.mode == "bwrap" else None
+        become_subreaper()
+        if self.mode == "none":
+            # A same-user agent must not read the runner's environment (/proc/<pid>/environ).
+            make_undumpable()
 
     def describe_sandbox(self) -> str:
         """One line for the run's header saying how rollouts are isolated."""
-        if self.bwrap:
-            return f"sandbox: bubblewrap ({self.bwrap}): read-only /, private /tmp, own namespaces"
+        if self.mode == "bwrap":
+            return (f"sandbox: bubblewrap ({self.bwrap}): allowlisted read-only view, private "
+                    "/tmp, own PID namespace, no capabilities")
+        if self.mode == "namespaces":
+            why = "" if self.config.sandbox == "namespaces" else "; bubblewrap is not available"
+            return (f"sandbox: namespaces (user, mount, PID{why}): allowlisted read-only view, "
+                    "private /tmp, own PID namespace, no capabilities")
         why = "disabled by sandbox=none" if self.config.sandbox == "none" else \
-            "bubblewrap not installed (apt-get install bubblewrap to enable)"
-        return (f"sandbox: none ({why}); rollouts run as plain process groups with an isolated "
-                "HOME and scrubbed environment, but can read and write your files")
+            "neither bubblewrap nor unprivileged user namespaces are available"
+        return "sandbox: none. " + none_mode_warning(why)
 
     def _layout(self, spec: RolloutSpec) -> tuple[Path, dict[str, str]]:
         base = self.config.base_dir
@@ -107,68 +138,53 @@ class LocalExecutor(Executor):
             base.mkdir(parents=True, exist_ok=True)
         root = Path(tempfile.mkdtemp(prefix=f"openforge-{spec.rollout_id[:40]}-",
                                      dir=str(base) if base else None)).resolve()
-        dirs = {"HOME": root / "home", "XDG_CONFIG_HOME": root / "home/.config",
-                "XDG_CACHE_HOME": root / "home/.cache", "XDG_DATA_HOME": root / "home/.local/share",
-                "XDG_STATE_HOME": root / "home/.local/state", "TMPDIR": root / "tmp"}
-        for path in dirs.values():
-            path.mkdir(parents=True, exist_ok=True)
-        env = scrub_env(dict(os.environ))
-        env.update({name: str(path) for name, path in dirs.items()})
-        env["OPENFORGE_ROLLOUT_DIR"] = str(root)
+        env = scrub_env(os.environ, self.config.pass_env)
+        # The supervisor is trusted: it keeps the user's HOME (plugin caches); the agent
+        # gets one of its own.
+        env["HOME"] = str(Path.home())
         env[MARKER_ENV] = f"{spec.rollout_id}-{uuid.uuid4().hex[:8]}"
         env["PYTHONUNBUFFERED"] = "1"
         return root, env
 
-    @staticmethod
-    def _code_under_tmp(env: dict[str, str]) -> list[str]:
-        """Python code paths under /tmp, which the sandbox's private /tmp would hide.
-
-        A plugin installed with `pip install --target /tmp/x` and put on PYTHONPATH, or a
-        virtual environment in /tmp, must stay importable inside the sandbox (read-only).
-        """
-        candidates = [*env.get("PYTHONPATH", "").split(os.pathsep), *sys.path, sys.prefix]
-        found: list[str] = []
-        for entry in candidates:
-            if not entry:
-                continue
-            path = os.path.realpath(entry)
-            if (path == "/tmp" or path.startswith("/tmp/")) and os.path.exists(path) \
-                    and path not in found:
-                found.append(path)
-        return found
-
-    def _argv(self, root: Path, spec_path: Path, env: dict[str, str]) -> list[str]:
-        argv = [self.config.python, "-m", "openforge.rollout", str(spec_path)]
-        if not self.bwrap:
-            return argv
-        binds: list[str] = []
-        for path in self._code_under_tmp(env):
-            binds += ["--ro-bind", path, path]
-        return [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                "--tmpfs", "/tmp", *binds, "--bind", str(root), str(root),
-                "--unshare-all", "--share-net", "--die-with-parent", "--new-session",
-                "--chdir", str(root), *argv]
+    def _argv(self, root: Path, spec_path: Path) -> list[str]:
+        argv = [self.config.python, "-m", "openforge.rollout", "--sandbox", self.mode,
+                "--dir", str(root), "--key-on-stdin"]
+        for path in self.protected:
+            argv += ["--protect", str(path)]
+        for name in self.config.pass_env:
+            argv += ["--pass-env", name]
+        return argv + [str(spec_path)]
 
     async def run(self, spec: RolloutSpec) -> RolloutResult:
         started = time.monotonic()
+        started_at = time.time()
         root, env = self._layout(spec)
         spec_path = root / "spec.json"
         spec_path.write_text(spec.model_dump_json())
-        stdout_path, stderr_path = root / "rollout.stdout", root / "rollout.stderr"
-        proc = None
+        stdout_path, stderr_path = root / "supervisor.stdout", root / "supervisor.stderr"
+        key = new_result_key()
+        proc: subprocess.Popen[bytes] | None = None
         timed_out = False
         try:
             with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-                # Files, not pipes: a grandchild holding a pipe open cannot stall us.
-                proc = await asyncio.create_subprocess_exec(
-                    *self._argv(root, spec_path, env), stdin=asyncio.subprocess.DEVNULL,
-                    stdout=out, stderr=err, cwd=str(root), env=env,
-                    start_new_session=True, preexec_fn=die_with_parent())
+                # Popen, not asyncio's subprocess: the pid is registered as a supervisor with
+                # no await between fork and registration, so a sweep never mistakes it for
+                # an orphan. Files, not pipes: a grandchild holding a pipe cannot stall us.
+                proc = subprocess.Popen(
+                    self._argv(root, spec_path), stdin=subprocess.PIPE, stdout=out, stderr=err,
+                    cwd=str(root), env=env, start_new_session=True, preexec_fn=die_with_parent())
+            _SUPERVISORS.add(proc.pid)
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(key.hex().encode() + b"\n")
+                proc.stdin.close()
+            except OSError:
+                pass  # it died at once; its exit code says so
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
             # that lands just as the wait completes, and then Ctrl-C would not stop the run.
             try:
                 async with asyncio.timeout(spec.timeout_s + self.config.kill_margin_s):
-                    await proc.wait()
+                    await _exited(proc)
             except TimeoutError:
                 timed_out = True
         finally:
@@ -176,33 +192,96 @@ class LocalExecutor(Executor):
             if proc is not None:
                 await asyncio.shield(asyncio.to_thread(
                     kill_tree, proc.pid, proc.pid, env[MARKER_ENV], self.config.grace_s))
-                if proc.returncode is None:
-                    try:
-                        await asyncio.wait_for(asyncio.shield(proc.wait()), 5)
-                    except TimeoutError:
-                        pass
-        result = self._collect(spec, stdout_path, stderr_path, proc.returncode if proc else None,
-                               timed_out, time.monotonic() - started)
+                if proc.poll() is None:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(5):
+                            await asyncio.shield(_exited(proc))
+                _SUPERVISORS.discard(proc.pid)
+                if proc.returncode != 0:
+                    # It died (killed, maybe by the agent when there is no isolation): its
+                    # orphans came to us. Found here, in the event loop, between spawns.
+                    orphans = adopted_since(started_at)
+                    if orphans:
+                        await asyncio.shield(asyncio.to_thread(end_all, orphans, self.config.grace_s))
+        result = self._collect(spec, stdout_path, stderr_path, key,
+                               proc.returncode if proc else None, timed_out,
+                               time.monotonic() - started)
         if not self.config.keep_dirs:
             shutil.rmtree(root, ignore_errors=True)
         return result
 
-    def _collect(self, spec: RolloutSpec, stdout_path: Path, stderr_path: Path,
+    def _collect(self, spec: RolloutSpec, stdout_path: Path, stderr_path: Path, key: bytes,
                  returncode: int | None, timed_out: bool, duration: float) -> RolloutResult:
-        base: dict[str, Any] = {"rollout_id": spec.rollout_id, "task_id": spec.task.id, "attempt": spec.attempt,
-                "duration_s": duration}
+        base: dict[str, Any] = {"rollout_id": spec.rollout_id, "task_id": spec.task.id,
+                                "attempt": spec.attempt, "session_id": spec.session_id,
+                                "duration_s": duration, "sandbox": self.mode}
         if timed_out:
             return RolloutResult(**base, status="timeout",
                                  error=f"rollout killed after the hard timeout of {spec.timeout_s:g}s")
         stdout = stdout_path.read_text(errors="replace") if stdout_path.exists() else ""
-        for line in reversed(stdout.splitlines()):
-            if line.startswith(RESULT_PREFIX):
-                try:
-                    return RolloutResult.model_validate_json(line[len(RESULT_PREFIX):])
-                except ValueError:
-                    break
+        why = ""
+        if returncode == 0:
+            try:
+                return check_result(parse_result(stdout, key), spec)
+            except ResultRefused as exc:
+                why = str(exc)
+        elif returncode is not None and returncode < 0:
+            why = f"killed by signal {signal.Signals(-returncode).name}"
+        else:
+            why = f"exit code {returncode}"
         stderr = stderr_path.read_text(errors="replace") if stderr_path.exists() else ""
-        tail = (stderr.strip() or stdout.strip())[-1500:]
+        tail = stderr.strip()[-1500:]
         return RolloutResult(**base, status="infra_error",
-                             error=f"rollout process exited with code {returncode} and no result"
-                                   + (f": {tail}" if tail else ""))
+                             error=f"rollout supervisor died: {why}" + (f": {tail}" if tail else ""))
+
+
+async def _exited(proc: subprocess.Popen[bytes]) -> None:
+    """Until `proc` has exited (and is reaped): a pidfd in the event loop, else polling."""
+    if proc.poll() is not None:
+        return
+    loop = asyncio.get_running_loop()
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        while proc.poll() is None:
+            await asyncio.sleep(0.05)
+        return
+    done: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_reader(pidfd, readable)
+    try:
+        if proc.poll() is None:
+            await done
+        proc.wait()
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+
+
+def adopted_since(since: float) -> list[psutil.Process]:
+    """Children this process adopted since `since` (a dead supervisor's orphans), other than
+    supervisors; children that already died are reaped on the way."""
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if child.pid in _SUPERVISORS:
+                continue
+            if child.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(child.pid, os.WNOHANG)
+            elif child.create_time() >= since - 1:
+                found.append(child)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def end_all(procs: list[psutil.Process], grace_s: float) -> None:
+    """End each process with everything below it, and reap it."""
+    for proc in procs:
+        kill_tree(proc.pid, None, None, grace_s=grace_s)
+        with contextlib.suppress(OSError):
+            os.waitpid(proc.pid, os.WNOHANG)

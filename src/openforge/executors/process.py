@@ -1,9 +1,15 @@
-"""Process-tree hygiene for sandboxed rollouts: die with the parent, kill everything on the way out.
+"""Process-tree hygiene for rollouts: die with the parent, find every process, end them all.
 
-A rollout's processes are found three ways, because each alone misses something: the
-process group (what `killpg` reaches), the descendants of the leader (a child that called
-`setsid` left the group but not the tree), and a marker variable in the environment
-(a daemon that double-forked left the tree too, but it still carries the marker).
+Where an agent's processes are found, from strongest to weakest:
+
+- **a PID namespace** (`ns_members`): in the isolating modes the agent lives in its own; when
+  its PID 1 ends the kernel kills every member, and a scan of /proc by namespace proves it;
+- **a child subreaper** (`become_subreaper`, `end_untrusted`): without namespaces the rollout
+  supervisor marks itself a subreaper, so a process that calls `setsid`, double-forks and
+  drops every marker is still re-parented to it, never to PID 1: the supervisor's
+  descendants, less the ones it started itself before the agent, are the agent's;
+- the process group, the leader's descendants and a marker variable in the environment
+  (`kill_tree`): hints, for sandboxes run by someone else (the Kubernetes stand-in).
 """
 
 from __future__ import annotations
@@ -16,8 +22,30 @@ from collections.abc import Callable
 
 import psutil
 
-MARKER_ENV = "OPENFORGE_SANDBOX_ID"
+from openforge.sandbox.protocol import MARKER_ENV
+
 _PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    return bool(libc.prctl(option, value, 0, 0, 0) == 0)
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux); False if it cannot."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def make_undumpable() -> bool:
+    """Hide this process's memory, environment and fds from other processes of the same
+    (non-root) user: /proc/<pid>/environ, mem and fd become root-only."""
+    return _prctl(_PR_SET_DUMPABLE, 0)
 
 
 def die_with_parent() -> Callable[[], None]:
@@ -125,3 +153,124 @@ def wait_gone(pids: list[int], timeout_s: float = 5.0) -> list[int]:
         if not alive or time.monotonic() >= deadline:
             return alive
         time.sleep(0.05)
+
+
+# -- the agent's processes without a PID namespace (sandbox none) ------------------------------
+
+Identity = tuple[int, float]
+
+
+def identity(proc: psutil.Process) -> Identity | None:
+    try:
+        return proc.pid, proc.create_time()
+    except psutil.Error:
+        return None
+
+
+def own_descendants() -> set[Identity]:
+    """This process's live descendants, by (pid, start time): the trusted ones, taken before
+    the agent starts (services an environment started, for example)."""
+    found = set()
+    for proc in psutil.Process().children(recursive=True):
+        ident = identity(proc)
+        if ident is not None:
+            found.add(ident)
+    return found
+
+
+def untrusted_descendants(trusted: set[Identity]) -> list[psutil.Process]:
+    """Descendants of this process that neither are trusted nor descend from a trusted one.
+
+    As a subreaper this process adopts every orphan below it, so this is every process the
+    agent started, wherever it moved in the tree. Zombies are left out (see `reap`).
+    """
+    me = os.getpid()
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            node: psutil.Process | None = proc
+            mine = True
+            while node is not None and node.pid != me:
+                if identity(node) in trusted:
+                    mine = False
+                    break
+                node = node.parent()
+            if mine:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def reap_children() -> None:
+    """Collect exit statuses of adopted children that died (zombies of this process)."""
+    for proc in psutil.Process().children():
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(proc.pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError, OSError):
+            continue
+
+
+class LeftoverError(RuntimeError):
+    """Agent processes that could not be ended: never score while they live."""
+
+
+def end_untrusted(trusted: set[Identity], grace_s: float = 1.0, rounds: int = 50) -> int:
+    """End every untrusted descendant: SIGTERM, `grace_s`, then stop-and-kill until none is
+    left (stopped processes cannot fork, so a fork loop cannot outrun it). Returns how many
+    were found; raises `LeftoverError` when some survive every round."""
+    seen: set[int] = set()
+    procs = untrusted_descendants(trusted)
+    if procs and grace_s > 0:
+        seen.update(p.pid for p in procs)
+        _signal_all(procs, signal.SIGTERM)
+        psutil.wait_procs(procs, timeout=grace_s)
+    for _ in range(rounds):
+        procs = untrusted_descendants(trusted)
+        if not procs:
+            reap_children()
+            return len(seen)
+        seen.update(p.pid for p in procs)
+        _signal_all(procs, signal.SIGSTOP)
+        more = [p for p in untrusted_descendants(trusted) if p.pid not in {q.pid for q in procs}]
+        _signal_all(procs + more, signal.SIGKILL)
+        seen.update(p.pid for p in more)
+        psutil.wait_procs(procs + more, timeout=1.0)
+        reap_children()
+    left = untrusted_descendants(trusted)
+    if left:
+        raise LeftoverError(f"{len(left)} agent processes survived every kill: "
+                            + ", ".join(str(p.pid) for p in left[:10]))
+    return len(seen)
+
+
+# -- the agent's processes in a PID namespace (bwrap, namespaces) ------------------------------
+
+
+def pid_namespace(pid: int) -> str | None:
+    """The PID namespace `pid` lives in (`pid:[inode]`), or None when it is gone."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def ns_members(namespace: str) -> list[int]:
+    """Every live (not zombie) process in `namespace`, by its pid in ours."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{entry}/ns/pid") != namespace:
+                continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+            if state not in (b"Z", b"X"):
+                found.append(int(entry))
+        except (OSError, IndexError):
+            continue
+    return found

@@ -23,7 +23,6 @@ from openforge.gateway.http import (
     plain_error,
     read_body,
 )
-from openforge.gateway.sessions import worker_of
 from openforge.gateway.state import FORWARDED, GatewayState
 from openforge.types import SamplingParams
 
@@ -103,6 +102,7 @@ async def open_session(request: Request, state: GatewayState) -> Response:
                                   task_id=body.task_id, sampling=body.sampling,
                                   metadata=body.metadata, weight_version=body.weight_version)
     return json_response(200, {"id": session.id, "token": session.token,
+                               "scoring_token": session.scoring_token,
                                "base_url": state.session_url(session)})
 
 
@@ -114,12 +114,9 @@ async def list_sessions(request: Request, state: GatewayState) -> Response:
 
 async def close_session(request: Request, state: GatewayState) -> Response:
     session_id = request.path_params["session_id"]
-    session = state.sessions.close(session_id)
+    session = await state.close_session(session_id)
     if session is None:
         return plain_error(404, "no such session", "not_found_error")
-    # The worker that serves it must drop it from memory too: its token stops working now.
-    await state.tell_workers(f"/admin/sessions/{session_id}/forget",
-                             only=worker_of(session_id, state.sessions.workers))
     return json_response(200, session.model_dump(mode="json"))
 
 

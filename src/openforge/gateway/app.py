@@ -10,11 +10,16 @@ does not exist, is closed, or belongs to another session: nothing leaks about ot
 sessions. With several gateway workers, a session's token used on another worker's URL
 gets 421 (each session is served by one process).
 
+A session token is good for model calls only: no route takes a result or a reward from it.
+The trusted side reads a session's calls at `/scoring/sessions/{id}/calls`, and closes the
+session once its agent has ended (`/scoring/sessions/{id}/seal`), with the session's scoring
+credential (returned when the session is opened, never given to the agent): `scoring.py`.
+
 Model names: any name is accepted on generation routes (harnesses hard-code model names;
 the gateway serves the one policy whatever they ask for). `GET /v1/models` lists the served
 name and `GET /v1/models/{name}` answers 404 for any other name.
 
-One call is a `pipeline.CallResponse`; the admin API is `admin.py`.
+One call is a `pipeline.CallResponse`; the admin API is `admin.py`, the scoring API `scoring.py`.
 """
 
 from __future__ import annotations
@@ -24,14 +29,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from openforge.gateway.admin import admin_routes, first_error
+from openforge.gateway.admin import admin_routes
 from openforge.gateway.branches import SessionTokens
 from openforge.gateway.dialects import DIALECTS, DialectError
 from openforge.gateway.dialects.base import load_json
@@ -47,9 +51,9 @@ from openforge.gateway.http import (
 from openforge.gateway.images import ImageError, resolve_images
 from openforge.gateway.pipeline import CallResponse
 from openforge.gateway.render import ContextLengthError, PromptError
+from openforge.gateway.scoring import scoring_routes
 from openforge.gateway.sessions import LiveSession, MisdirectedSession
 from openforge.gateway.state import GatewayState
-from openforge.types import RolloutResult
 
 log = logging.getLogger("openforge.gateway")
 
@@ -173,34 +177,6 @@ def _model_card(state: GatewayState) -> dict[str, Any]:
             "type": "model", "display_name": name}
 
 
-async def post_result(request: Request) -> Response:
-    """The sandbox reports its `RolloutResult` for the session its token belongs to."""
-    state: GatewayState = request.app.state.gateway
-    live = _authenticate(request, state)
-    if isinstance(live, tuple):
-        return plain_error(*live)
-    try:
-        body = await read_body(request, state.config.max_body_bytes, state.config.body_timeout_s)
-        result = RolloutResult.model_validate_json(body)
-    except BodyError as exc:
-        return plain_error(exc.status, exc.message, exc.error_type)
-    except ValidationError as exc:
-        return plain_error(422, f"not a valid RolloutResult: {first_error(exc)}")
-    state.store.save_result(live.session.id, result)
-    return json_response(200, {"ok": True, "session_id": live.session.id})
-
-
-async def get_own_calls(request: Request) -> Response:
-    """The calls recorded so far for the session the token belongs to (and no other): what a
-    reward that reads the trajectory sees from inside the sandbox."""
-    state: GatewayState = request.app.state.gateway
-    live = _authenticate(request, state)
-    if isinstance(live, tuple):
-        return plain_error(*live)
-    calls = state.store.list_calls(live.session.id)
-    return json_response(200, {"calls": [c.model_dump(mode="json") for c in calls]})
-
-
 # --- the app -------------------------------------------------------------------------------
 
 
@@ -236,8 +212,7 @@ def create_app(state: GatewayState) -> Starlette:
     routes = [
         *_model_routes("/s/{token}/v1"),
         *_model_routes("/v1"),
-        Route("/s/{token}/result", post_result, methods=["POST"]),
-        Route("/s/{token}/calls", get_own_calls, methods=["GET"]),
+        *scoring_routes(),
         *admin_routes(),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _bug})

@@ -38,6 +38,7 @@ from openforge.gateway.model import ModelBundle, load_model_bundle
 from openforge.gateway.sessions import create_session, least_loaded_worker, worker_of
 from openforge.gateway.state import GatewayState
 from openforge.gateway.workers import WORKER_SPEC_ENV, WorkerPool, inherit_socket
+from openforge.sandbox.protocol import ADMIN_KEY_ENV
 from openforge.store import Store
 from openforge.types import SamplingParams, Session
 
@@ -270,8 +271,8 @@ async def serve_app(state: GatewayState, sock: socket.socket
     return server, task
 
 
-def _banner(gateway: Gateway, engine_config: EngineConfig) -> str:
-    url, key = gateway.url, gateway.admin_key
+def _banner(gateway: Gateway, engine_config: EngineConfig, key_source: str) -> str:
+    url = gateway.url
     workers = gateway.worker_urls
     return "\n".join([
         f"openforge gateway on {url}  (engine {engine_config.name}, model "
@@ -279,9 +280,10 @@ def _banner(gateway: Gateway, engine_config: EngineConfig) -> str:
         f"{gateway.config.render_policy})",
         *([f"{len(workers)} workers: {', '.join(workers)} (each session is served by one: "
            "use the base_url its opening returns)"] if len(workers) > 1 else []),
-        f"admin key: {key}",
-        "open a session:",
-        f"  curl -s -X POST -H 'Authorization: Bearer {key}' {url}/admin/sessions",
+        f"admin key: {key_source}",
+        "open a session (printf is a shell builtin: the key stays off every command line):",
+        f"  curl -s -X POST -H @<(printf 'Authorization: Bearer %s' \"$OPENFORGE_ADMIN_KEY\") "
+        f"{url}/admin/sessions",
         "then point a harness at it with the session token:",
         f"  OpenAI SDKs, Codex:  base_url={url}/s/TOKEN/v1  api_key=TOKEN",
         f"  Claude Code:         ANTHROPIC_BASE_URL={url}/s/TOKEN  ANTHROPIC_API_KEY=TOKEN",
@@ -308,14 +310,43 @@ def _stop_on_signals() -> asyncio.Event:
     return stop
 
 
+def admin_key(config: RunConfig, store_path: Path) -> tuple[RunConfig, str]:
+    """The admin key `openforge serve` uses, and a line saying where it comes from.
+
+    From `$OPENFORGE_ADMIN_KEY`, else `gateway.admin_key` in a config file, else a new random
+    key written to `<store>.admin-key` (mode 0600). Never from, nor printed into, a command
+    line: every process on the machine can read those (`ps`).
+    """
+    key = os.environ.get(ADMIN_KEY_ENV) or config.gateway.admin_key
+    where = f"from ${ADMIN_KEY_ENV}" if os.environ.get(ADMIN_KEY_ENV) else "from the config file"
+    if not key:
+        key = secrets.token_urlsafe(32)
+        path = Path(f"{store_path}.admin-key")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key + "\n")
+        where = (f"a new random key in {path} (mode 0600); "
+                 f"export {ADMIN_KEY_ENV}=\"$(cat {path})\"")
+    gateway = config.gateway.model_copy(update={"admin_key": key})
+    return config.model_copy(update={"gateway": gateway}), where
+
+
+def refuse_key_on_argv(overrides: list[str]) -> None:
+    """`--set gateway.admin_key=...` would put the key where `ps` shows it: refuse."""
+    if any(o.split("=", 1)[0].strip() == "gateway.admin_key" for o in overrides):
+        raise GatewayError(f"the admin key on the command line is visible to every process "
+                           f"(ps): set ${ADMIN_KEY_ENV} (or gateway.admin_key in a config file)")
+
+
 def serve_forever(config: RunConfig, store_path: Path) -> None:
     """`openforge serve`: run the gateway on its own until Ctrl-C or SIGTERM."""
+    config, key_source = admin_key(config, store_path)
     store = Store(store_path)
 
     async def main() -> None:
         stop = _stop_on_signals()
         async with Gateway(config.gateway, config.engine, store) as gateway:
-            print(_banner(gateway, config.engine), flush=True)
+            print(_banner(gateway, config.engine, key_source), flush=True)
             waiter = asyncio.ensure_future(stop.wait())
             served = asyncio.ensure_future(gateway.wait())
             await asyncio.wait({waiter, served}, return_when=asyncio.FIRST_COMPLETED)
@@ -373,7 +404,8 @@ def serve_worker(spec: dict[str, Any], store_path: Path, worker: int, peers: lis
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m openforge.gateway.server --store PATH [--engine NAME] [--option K=V]...`"""
+    """`python -m openforge.gateway.server --store PATH [--engine NAME] [--option K=V]...`
+    (the admin key: `$OPENFORGE_ADMIN_KEY`, see `admin_key`)"""
     parser = argparse.ArgumentParser(prog="python -m openforge.gateway.server",
                                      description="Run the openforge recording gateway.")
     parser.add_argument("--store", type=Path, default=Path("gateway.sqlite"))
@@ -382,7 +414,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--renderer", help="renderer config name (default: auto)")
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
-    parser.add_argument("--admin-key")
     parser.add_argument("--keepalive", type=float, help="seconds between SSE keep-alives")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="engine option (value parsed as YAML), repeatable")
@@ -400,11 +431,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     overrides = list(args.overrides) + [f"engine.options.{o}" for o in args.option]
     try:
+        refuse_key_on_argv(overrides)
         config = load_run_config(None, overrides, {
             "engine.name": args.engine, "engine.model": args.model,
             "engine.renderer": args.renderer, "gateway.host": args.host,
-            "gateway.port": args.port, "gateway.admin_key": args.admin_key,
-            "gateway.keepalive_s": args.keepalive, "gateway.workers": args.workers,
+            "gateway.port": args.port, "gateway.keepalive_s": args.keepalive,
+            "gateway.workers": args.workers,
         })
         serve_forever(config, args.store)
     except OpenforgeError as exc:

@@ -1,5 +1,8 @@
 """The gateway's live sessions: token lookup, per-session token caches, call numbering.
 
+Sessions are found by the SHA-256 of their token (`store.secret_hash`): the store keeps
+only hashes, and this cache is keyed the same way.
+
 The store is the source of truth; this registry only caches what the hot path needs per
 call (the `Session`, its `SessionTokens` and the next call index) so that a call costs
 no store read. A session the cache does not know (a gateway restarted on an existing
@@ -35,7 +38,7 @@ from openforge.gateway.branches import RenderPolicy, SessionTokens
 from openforge.gateway.dialects.memo import HistoryMemo
 from openforge.gateway.model import ModelBundle
 from openforge.gateway.render import PromptError
-from openforge.store import Store
+from openforge.store import Store, secret_hash
 from openforge.types import Call, SamplingParams, Session
 
 log = logging.getLogger("openforge.gateway")
@@ -97,12 +100,15 @@ def create_session(store: Store, *, worker: int = 0, workers: int = 1, model: st
         id=new_session_id(worker, workers),
         # 32 random bytes: the token is the only credential a sandbox holds.
         token=secrets.token_urlsafe(32),
+        # The trusted side's credential for reading this session's calls and sealing it.
+        scoring_token=secrets.token_urlsafe(32),
         run_id=run_id, rollout_id=rollout_id, task_id=task_id, model=model,
         sampling=sampling or SamplingParams(), weight_version=weight_version,
         metadata=metadata or {},
     )
-    store.create_session(session)
-    return session
+    # The store's copy carries the hashes (what the registry's cache is keyed by) and, in
+    # this returned object only, the credentials in clear.
+    return store.create_session(session)
 
 
 class MisdirectedSession(Exception):
@@ -150,12 +156,13 @@ class SessionRegistry:
 
         `MisdirectedSession` when another worker serves it.
         """
-        live = self._by_token.get(token)
-        if live is not None:
-            return live
         if not token:
             return None
-        session = self.store.get_session_by_token(token)
+        token_hash = secret_hash(token)
+        live = self._by_token.get(token_hash)
+        if live is not None:
+            return live
+        session = self.store.get_session_by_token_hash(token_hash)
         if session is None or session.status != "open":
             return None
         if worker_of(session.id, self.workers) != self.worker:
@@ -181,7 +188,7 @@ class SessionRegistry:
         self.store.close_session(session_id)
         live = self._by_id.pop(session_id, None)
         if live is not None:
-            self._by_token.pop(live.session.token, None)
+            self._by_token.pop(live.session.token_hash, None)
         return self.store.get_session(session_id)
 
     def cache_stats(self) -> dict[str, int]:
@@ -192,7 +199,7 @@ class SessionRegistry:
                 "cached_token_bytes": sum(live.tokens.nbytes() for live in lives)}
 
     def _cache(self, live: LiveSession) -> LiveSession:
-        self._by_token[live.session.token] = live
+        self._by_token[live.session.token_hash] = live
         self._by_id[live.session.id] = live
         return live
 
@@ -200,7 +207,7 @@ class SessionRegistry:
         """Drop a session closed elsewhere (the store already says closed)."""
         live = self._by_id.pop(session_id, None)
         if live is not None:
-            self._by_token.pop(live.session.token, None)
+            self._by_token.pop(live.session.token_hash, None)
 
     def _load(self, session: Session) -> LiveSession:
         tokens = SessionTokens(self.bundle, self.policy)

@@ -70,6 +70,15 @@ class GatewayState:
     def session_url(self, session: Session) -> str:
         return f"{self.worker_url(session.id).rstrip('/')}/s/{session.token}/v1"
 
+    async def close_session(self, session_id: str) -> Session | None:
+        """Close a session in the store and in the memory of the worker that serves it (its
+        token stops working at once); None when there is no such session."""
+        session = self.sessions.close(session_id)
+        if session is not None:
+            await self.tell_workers(f"/admin/sessions/{session_id}/forget",
+                                    only=worker_of(session_id, self.sessions.workers))
+        return session
+
     async def tell_workers(self, path: str, body: dict[str, Any] | None = None,
                            only: int | None = None) -> None:
         """POST an admin route to the other workers (or worker `only`): they share this

@@ -28,11 +28,12 @@ from pathlib import Path
 import httpx
 
 from openforge.config import EngineConfig, GatewayConfig
+from openforge.sandbox.protocol import GATEWAY_WORKER_SPEC_ENV
 
 log = logging.getLogger("openforge.gateway")
 
 START_TIMEOUT_S = 180.0
-WORKER_SPEC_ENV = "OPENFORGE_GATEWAY_WORKER_SPEC"
+WORKER_SPEC_ENV = GATEWAY_WORKER_SPEC_ENV
 """The environment variable a worker reads its config and admin key from."""
 
 

@@ -61,8 +61,9 @@ def _build(run_dir: Path) -> tuple[dict[str, Any], dict[str, list[Call]]]:
         "summary": {
             "tasks": metrics.tasks, "k": k, "attempts": metrics.attempts, "scored": metrics.scored,
             "passed": metrics.passed, "infra_failures": metrics.infra_failures,
-            "mean_reward": metrics.mean_reward,
+            "plugin_errors": metrics.plugin_errors, "mean_reward": metrics.mean_reward,
         },
+        "sandbox": _sandbox(records),
         "pass_at_k": {str(key): v for key, v in metrics.pass_at.items()},
         "pass_hat_k": {str(key): v for key, v in metrics.pass_hat.items()},
         "tasks": [row.model_dump(mode="json") for row in metrics.rows],
@@ -71,7 +72,7 @@ def _build(run_dir: Path) -> tuple[dict[str, Any], dict[str, list[Call]]]:
              "passed": r.passed, "error": r.error, "final_answer": r.final_answer,
              "duration_s": r.duration_s, "tries": r.tries, "infra_errors": r.infra_errors,
              "session_id": r.session_id, "rollout_id": r.rollout_id,
-             "reward_details": r.reward_details}
+             "reward_details": r.reward_details, "sandbox": r.sandbox}
             for r in sorted(records, key=lambda r: (r.task_id, r.attempt))
         ],
         "trajectories": _trajectory_metrics(run_dir),
@@ -303,9 +304,21 @@ def _trajectory_html(calls: list[Call]) -> str:
     return "".join(out)
 
 
+def _sandbox(records: list[Any]) -> dict[str, Any]:
+    """How the run's agents were isolated; a loud warning when some were not at all."""
+    modes = sorted({r.sandbox for r in records if r.sandbox})
+    unisolated = sum(1 for r in records if r.sandbox == "none")
+    warning = None
+    if unisolated:
+        warning = (f"{unisolated} of {len(records)} attempts ran WITHOUT isolation (sandbox "
+                   "none): their agents could read and write this user's files and read other "
+                   "rollouts' tokens. docs/sandboxing.md says what each mode guarantees.")
+    return {"modes": modes, "unisolated_attempts": unisolated, "warning": warning}
+
+
 def _status_html(attempt: dict[str, Any]) -> str:
     status = attempt["status"]
-    if status in ("infra_error", "timeout"):
+    if status in ("infra_error", "timeout", "plugin_error", "violation"):
         return f"<span class='infra'>{html.escape(status)}</span>"
     cls = "ok" if attempt["passed"] else "fail"
     return f"<span class='{cls}'>{'passed' if attempt['passed'] else 'failed'}</span>"
@@ -317,7 +330,9 @@ def render_html(data: dict[str, Any], calls: dict[str, list[Call]],
     s = data["summary"]
     cfg = data.get("config") or {}
     engine = cfg.get("engine") or {}
+    warning = (data.get("sandbox") or {}).get("warning")
     body = [f"<h1>openforge run {html.escape(str(data['run_id']))}</h1>",
+            f"<p class='infra'><b>WARNING: {_e(warning)}</b></p>" if warning else "",
             f"<p class='meta'>harness {_e(cfg.get('harness', '?'))} &middot; environment "
             f"{_e(cfg.get('environment', '?'))} &middot; reward {_e(cfg.get('reward', '?'))} &middot; "
             f"engine {_e(engine.get('name', '?'))} ({_e(engine.get('model', '?'))})</p>",

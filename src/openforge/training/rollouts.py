@@ -1,10 +1,10 @@
 """Rollouts for online training: one gateway, engine and executor kept across all steps.
 
 `RolloutCollector` starts the recording gateway once (the `local` engine loads the policy
-once), runs `tasks x k` attempts per step through the configured executor and harness
-exactly as `openforge run` does (`Runner.attempt`), turns each attempt's recorded calls
-into `Sample`s, and swaps new weights into the engine between steps, pausing the gateway
-(429 + Retry-After) while it does so.
+once), runs `tasks x k` attempts per step through the same rollout stack as `openforge run`
+(`openforge.attempts.RolloutStack`: sessions, executor, checked results, retries), turns each
+scored attempt's recorded calls into `Sample`s, and swaps new weights into the engine between
+steps, pausing the gateway (429 + Retry-After) while it does so.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from typing import Any
 
 from rich.console import Console
 
+from openforge.attempts import RolloutStack
 from openforge.config import RunConfig
 from openforge.errors import OpenforgeError
 from openforge.rollout import build_plugin
-from openforge.runner import AttemptRecord, Runner
+from openforge.runner import AttemptRecord
 from openforge.trajectory import build_samples
 from openforge.types import Sample, Task
 
@@ -40,7 +41,7 @@ class StepRollouts:
 
     @property
     def scored(self) -> list[AttemptRecord]:
-        return [r for r in self.records if not r.is_infra_failure]
+        return [r for r in self.records if r.is_scored]
 
     @property
     def mean_reward(self) -> float:
@@ -75,14 +76,17 @@ class RolloutCollector:
         self.store = Store(self.work_dir / "store.sqlite")
         self.gateway: Any = None
         self.executor: Any = None
+        self.stack: RolloutStack | None = None
 
     async def __aenter__(self) -> RolloutCollector:
         from openforge.gateway.server import Gateway
 
         cfg = self.config
         self.executor = build_plugin("executor", cfg.executor, cfg.executor_options)
+        self.executor.protect(self.work_dir)
         self.gateway = Gateway(cfg.gateway, cfg.engine, self.store)
         await self.gateway.start()
+        self.stack = RolloutStack(self.gateway, self.executor, cfg)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -111,12 +115,14 @@ class RolloutCollector:
     async def collect(self, tasks: Sequence[Task], k: int, tag: str) -> StepRollouts:
         """Run every task k times (concurrency from the run config); samples of scored attempts."""
         started = time.monotonic()
-        runner = Runner(self.config.model_copy(update={"run_id": tag}), self.work_dir, self.console)
+        stack = self.stack
+        assert stack is not None, "use RolloutCollector as `async with`"
+        stack.guard(list(tasks))
         semaphore = asyncio.Semaphore(self.config.concurrency)
 
         async def one(task: Task, attempt: int) -> AttemptRecord:
             async with semaphore:
-                return await runner.attempt(self.gateway, self.executor, task, attempt)
+                return AttemptRecord.of(task, attempt, await stack.attempt(task, attempt, tag))
 
         records = list(await asyncio.gather(*(one(t, a) for t in tasks for a in range(k))))
         step = StepRollouts(records=records)

@@ -3,8 +3,8 @@
 **Agent loop** (`OpenforgeAgentLoop`, an `AgentLoopBase`): veRL calls `run()` once per dataset
 row and rollout. It opens a session on a recording gateway shared by all loops of the
 worker (one per event loop; its engine is `VerlEngine` over veRL's `LLMServerClient`), runs
-the rollout through the configured executor, harness, environment and reward exactly like
-`openforge run`, and returns the recorded trajectory as `list[AgentLoopOutput]`: one output per
+the rollout through the same rollout stack as `openforge run` (`openforge.attempts`: checked
+results, infrastructure retries), and returns the recorded trajectory as `list[AgentLoopOutput]`: one output per
 branch of the session (`trajectory.build_samples`), each with the rollout's `reward_score`,
 the response mask (1 on generated tokens) and the engine's logprobs. A list needs veRL's v1
 trainer (`trainer.use_v1=true`, its default), whose GRPO uses the last output of a session for
@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from openforge.config import RunConfig
 from openforge.errors import OpenforgeError
 from openforge.trainer import Trainer
-from openforge.types import RolloutResult, RolloutSpec, Sample, SamplingParams, Task
+from openforge.types import Sample, SamplingParams, Task
 
 AGENT_NAME = "openforge_agent"
 AGENT_LOOP_TARGET = "openforge.training.verl.OpenforgeAgentLoop"
@@ -54,13 +54,19 @@ except Exception:  # noqa: BLE001 - any import failure means "no veRL here"
 
 
 class _SharedRollouts:
-    """Gateway + store + executor for every agent loop running on one event loop."""
+    """Gateway + store + executor (one rollout stack) for every agent loop on one event loop."""
 
-    def __init__(self, config: RunConfig, gateway: Any, store: Any, executor: Any) -> None:
+    def __init__(self, config: RunConfig, gateway: Any, store: Any, executor: Any,
+                 work_dir: Path | None = None) -> None:
+        from openforge.attempts import RolloutStack
+
         self.config = config
         self.gateway = gateway
         self.store = store
         self.executor = executor
+        if work_dir is not None:
+            executor.protect(work_dir)
+        self.stack = RolloutStack(gateway, executor, config)
 
     @property
     def engine(self) -> Any:
@@ -92,7 +98,7 @@ async def shared_rollouts(config: RunConfig, client: Any, model_path: str,
             gateway = Gateway(config.gateway, config.engine, store, engine=engine, bundle=bundle)
             await gateway.start()
             executor = build_plugin("executor", config.executor, config.executor_options)
-            shared = _SHARED[key] = _SharedRollouts(config, gateway, store, executor)
+            shared = _SHARED[key] = _SharedRollouts(config, gateway, store, executor, work_dir)
         shared.engine.client = client  # the worker's client; the same object in practice
         return shared
 
@@ -214,29 +220,15 @@ class OpenforgeAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]
         model_path = str(self.config.actor_rollout_ref.model.path)
         shared = await shared_rollouts(cfg, self.server_manager, model_path, self.work_dir)
         task = row_task(kwargs)
-        rollout_id = f"{task.id}.{uuid.uuid4().hex[:8]}"
         sampling = SamplingParams(temperature=float(sampling_params.get("temperature", 1.0)),
                                   top_p=float(sampling_params.get("top_p", 1.0)),
                                   max_tokens=cfg.sampling.max_tokens)
-        session = shared.gateway.open_session("verl", rollout_id, task.id, sampling=sampling,
-                                              metadata={"prompt": task.prompt})
-        spec = RolloutSpec(run_id="verl", rollout_id=rollout_id, task=task, harness=cfg.harness,
-                           harness_options=cfg.harness_options, environment=cfg.environment,
-                           environment_options=cfg.environment_options, reward=cfg.reward,
-                           reward_options=cfg.reward_options, gateway_url=shared.gateway.url,
-                           session_token=session.token, model=cfg.gateway.served_model_name,
-                           timeout_s=cfg.timeout_s)
-        try:
-            result: RolloutResult = await shared.executor.run(spec)
-        except Exception as exc:  # an executor bug: an infra failure, never a silent 0
-            result = RolloutResult(rollout_id=rollout_id, task_id=task.id, status="infra_error",
-                                   error=f"{type(exc).__name__}: {exc}")
-        result = shared.store.get_result(session.id) or result
-        shared.gateway.close_session(session.id)
-        reward = result.reward.score if result.reward is not None else 0.0
+        attempt = await shared.stack.attempt(task, 0, "verl", sampling=sampling)
+        result, session = attempt.result, attempt.session
+        reward = result.reward.score if result.is_scored and result.reward is not None else 0.0
         calls = shared.store.list_calls(session.id)
         samples = build_samples(calls, session, reward).samples if calls else []
-        if result.is_infra_failure:
+        if not result.is_scored:
             # veRL cannot drop a row: keep the trajectory out of the loss (mask 0) instead.
             samples = [s.model_copy(update={"response_mask": [0] * len(s.response_mask)})
                        for s in samples]

@@ -35,7 +35,14 @@ from openforge.harness import (
     validate_options,
     wire_api_variants,
 )
-from openforge.npm import NpmPackage, ensure_bin, ensure_node, find_bin, install_command
+from openforge.npm import (
+    NpmPackage,
+    ensure_bin,
+    ensure_node,
+    find_bin,
+    install_command,
+    program_root,
+)
 from openforge_openclaw.config import (
     NODE_MIN,
     OPENCLAW_PACKAGE,
@@ -131,6 +138,10 @@ class OpenClawHarness(Harness):
         else:
             node = ensure_node(NODE_MIN, install=False)
         return [str(node), str(entry.resolve())]
+
+    def program_paths(self) -> list[Path]:
+        """The OpenClaw package and the Node that runs it (the sandbox maps both read-only)."""
+        return [program_root(p) for p in self.program()]
 
     # -- one rollout -----------------------------------------------------------------------
 

@@ -75,6 +75,10 @@ class ZeroClawHarness(Harness):
     def prepare(self, ctx: HarnessContext) -> None:
         write_config(ctx, self.config)
 
+    def program_paths(self) -> list[Path]:
+        """The zeroclaw binary (the sandbox maps it read-only)."""
+        return [Path(find_zeroclaw(self.config.bin)).resolve()]
+
     def command(self, ctx: HarnessContext) -> Command:
         argv = [str(find_zeroclaw(self.config.bin)), "agent", "-a", ALIAS,
                 # `--message=TASK`: a task that starts with `-` stays the message.

@@ -1,0 +1,271 @@
+"""Run the harness command in the agent's sandbox, then make sure nothing of it is left.
+
+`run_agent` starts the command (in bubblewrap, in `nsinit`'s namespaces, or as a plain
+process group), feeds it its stdin, waits until it ends or its time is up, ends every process
+of the sandbox, and proves that none is left before it returns: in the isolating modes no
+process of the sandbox's PID namespace remains; without isolation no descendant of the
+supervisor that the supervisor did not start itself (the supervisor is a child subreaper, so
+every orphan comes back to it). When some process cannot be ended it raises `LeftoverError`:
+the supervisor never scores while any process of the agent lives.
+
+The harness writes its stdout and stderr into files the supervisor opened (in the
+supervisor's own directory, outside the sandbox): the agent holds those two descriptors
+and nothing else of the supervisor's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from openforge.executors.process import (
+    Identity,
+    LeftoverError,
+    die_with_parent,
+    end_untrusted,
+    ns_members,
+    pid_namespace,
+)
+from openforge.harness import Command
+from openforge.sandbox.bwrap import bwrap_argv
+from openforge.sandbox.modes import SandboxMode, bwrap_path
+from openforge.sandbox.view import View
+
+_INFO_TIMEOUT_S = 60.0  # building a sandbox takes milliseconds; this only guards a hang
+_GONE_TIMEOUT_S = 10.0  # for the kernel to finish killing a namespace's processes
+
+
+@dataclass
+class AgentExit:
+    """How the harness ended, as the sandbox saw it."""
+
+    returncode: int | None
+    timed_out: bool
+    duration_s: float
+    ended: int = 0  # processes still running after the harness ended, ended by us
+    setup_error: str | None = None
+
+
+def _feed(proc: subprocess.Popen[bytes], text: str | None) -> None:
+    if text is None or proc.stdin is None:
+        return
+    try:
+        proc.stdin.write(text.encode())
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def _read_info(fd: int, until_eof: bool) -> dict[str, Any]:
+    """The sandbox's info messages (JSON objects, one per line or concatenated), merged."""
+    buffer = b""
+    info: dict[str, Any] = {}
+    deadline = time.monotonic() + _INFO_TIMEOUT_S
+    decoder = json.JSONDecoder()
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0))
+        if not ready:
+            break
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        buffer += chunk
+        text = buffer.decode(errors="replace").strip()
+        parsed: dict[str, Any] = {}
+        while text:
+            try:
+                obj, end = decoder.raw_decode(text)
+            except ValueError:
+                break
+            if isinstance(obj, dict):
+                parsed.update(obj)
+            text = text[end:].strip()
+        info = parsed
+        if not until_eof and "child-pid" in info:
+            break
+    return info
+
+
+def run_agent(mode: SandboxMode, command: Command, *, env: dict[str, str], view: View | None,
+              work_dir: Path, stdout: Path, stderr: Path, timeout_s: float,
+              trusted: set[Identity], grace_s: float = 1.0) -> AgentExit:
+    """Run `command` in `mode` (see the module docstring)."""
+    if mode == "none":
+        return _run_plain(command, env=env, stdout=stdout, stderr=stderr, timeout_s=timeout_s,
+                          trusted=trusted, grace_s=grace_s)
+    assert view is not None
+    return _run_isolated(mode, command, env=env, view=view, work_dir=work_dir, stdout=stdout,
+                         stderr=stderr, timeout_s=timeout_s, grace_s=grace_s)
+
+
+def _run_plain(command: Command, *, env: dict[str, str], stdout: Path, stderr: Path,
+               timeout_s: float, trusted: set[Identity], grace_s: float) -> AgentExit:
+    started = time.monotonic()
+    timed_out = False
+    try:
+        with open(stdout, "wb") as out, open(stderr, "wb") as err:
+            proc = subprocess.Popen(
+                command.argv, cwd=str(command.cwd) if command.cwd else None, env=env,
+                stdout=out, stderr=err,
+                stdin=subprocess.PIPE if command.stdin is not None else subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=die_with_parent())
+    except OSError as exc:
+        return AgentExit(None, False, 0.0,
+                         setup_error=f"cannot run {command.argv[0]}: {exc.strerror or exc}")
+    try:
+        # A thread feeds stdin, so a harness that never reads it cannot block us.
+        threading.Thread(target=_feed, args=(proc, command.stdin), daemon=True).start()
+        try:
+            proc.wait(timeout=max(timeout_s, 0.1))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+    finally:
+        # The leader first, through its Popen (which must be the one to reap it).
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        # Also after a clean exit: whatever the harness left running must go.
+        ended = end_untrusted(trusted, grace_s=grace_s)
+    return AgentExit(proc.returncode, timed_out, time.monotonic() - started, ended=ended)
+
+
+def _run_isolated(mode: SandboxMode, command: Command, *, env: dict[str, str], view: View,
+                  work_dir: Path, stdout: Path, stderr: Path, timeout_s: float,
+                  grace_s: float) -> AgentExit:
+    started = time.monotonic()
+    view = View(**{**view.__dict__, "cwd": str(command.cwd or view.cwd)})
+    info_r, info_w = os.pipe()
+    status_r, status_w = os.pipe()
+    nsinit = [sys.executable, "-m", "openforge.sandbox.nsinit"]
+    if mode == "bwrap":
+        bwrap = bwrap_path()
+        if bwrap is None:
+            return AgentExit(None, False, 0.0, setup_error="bubblewrap is no longer installed")
+        argv = bwrap_argv(bwrap, view, [*nsinit, "--reap", str(status_w), "--", *command.argv],
+                          info_w)
+    else:
+        plan = work_dir / "nsinit.json"
+        base = work_dir / "nsroot"
+        base.mkdir(exist_ok=True)
+        plan.write_text(json.dumps({"view": view.to_json(), "base": str(base)}))
+        argv = [*nsinit, str(plan), str(info_w), str(status_w), "--", *command.argv]
+    try:
+        with open(stdout, "wb") as out, open(stderr, "wb") as err:
+            proc = subprocess.Popen(
+                argv, env=env, stdout=out, stderr=err, pass_fds=(info_w, status_w),
+                stdin=subprocess.PIPE if command.stdin is not None else subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=die_with_parent())
+    finally:
+        os.close(info_w)
+        os.close(status_w)
+    try:
+        try:
+            info = _read_info(info_r, until_eof=mode == "namespaces")
+        finally:
+            os.close(info_r)
+        child = info.get("child-pid")
+        namespace = (f"pid:[{info['pid-namespace']}]" if info.get("pid-namespace")
+                     else pid_namespace(int(child)) if child else None)
+        if info.get("error") or child is None:
+            _kill(proc, child, namespace)  # PID 1 dies with its parent anyway
+            tail = stderr.read_bytes()[-1500:].decode(errors="replace").strip() \
+                if stderr.exists() else ""
+            why = info.get("error") or f"{mode} did not start the sandbox" + \
+                (f": {tail}" if tail else "")
+            return AgentExit(None, False, time.monotonic() - started, setup_error=str(why))
+        # A thread feeds stdin, so a harness that never reads it cannot block us.
+        feeder = threading.Thread(target=_feed, args=(proc, command.stdin), daemon=True)
+        feeder.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=max(timeout_s, 0.1))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            _end_namespace(proc, int(child), namespace, grace_s if timed_out else 0.0)
+        status = _read_status(status_r)
+    finally:
+        os.close(status_r)
+    if status is None:  # PID 1 never reported: it was killed (the timeout) or died
+        code = None if timed_out else proc.returncode
+        return AgentExit(code, timed_out, time.monotonic() - started)
+    if "exec_error" in status:
+        return AgentExit(None, False, time.monotonic() - started,
+                         setup_error=str(status["exec_error"]))
+    return AgentExit(int(status["exit"]), timed_out, time.monotonic() - started,
+                     ended=int(status.get("left", 0)))
+
+
+def _read_status(fd: int) -> dict[str, Any] | None:
+    """What the sandbox's PID 1 reported (`{"exit": CODE, "left": N}`), if it did."""
+    os.set_blocking(fd, False)
+    try:
+        raw = os.read(fd, 4096)
+    except BlockingIOError:
+        return None
+    try:
+        status = json.loads(raw)
+    except ValueError:
+        return None
+    ok = isinstance(status, dict) and ("exit" in status or "exec_error" in status)
+    return status if ok else None
+
+
+def _kill(proc: subprocess.Popen[bytes], child: Any, namespace: str | None = None) -> None:
+    """SIGKILL the sandbox's PID 1 (only while it still is: a dead pid may be reused) and the
+    process that started the sandbox, and reap the latter."""
+    if child and namespace is not None and pid_namespace(int(child)) == namespace:
+        try:
+            os.kill(int(child), signal.SIGKILL)
+        except OSError:
+            pass
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def _end_namespace(proc: subprocess.Popen[bytes], child: int, namespace: str | None,
+                   grace_s: float) -> None:
+    """End the sandbox: its PID 1 goes, so the kernel kills every member; then prove it."""
+    members = ns_members(namespace) if namespace else []
+    if grace_s > 0 and members:
+        for pid in members:
+            if pid != child:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except OSError:
+                    pass
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    _kill(proc, child, namespace)
+    if namespace is None:
+        return
+    deadline = time.monotonic() + _GONE_TIMEOUT_S
+    while True:
+        left = ns_members(namespace)
+        if not left:
+            return
+        if time.monotonic() >= deadline:
+            raise LeftoverError(f"{len(left)} processes of the sandbox's PID namespace "
+                                f"{namespace} are still alive: {left[:10]}")
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.05)

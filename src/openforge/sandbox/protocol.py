@@ -1,0 +1,131 @@
+"""The sandbox protocol, defined once: how a rollout supervisor reports, and what it is told.
+
+Every executor speaks it (local, Kubernetes) and the supervisor (`python -m openforge.rollout`)
+writes it:
+
+- **The result line.** The supervisor's last line of stdout is `OPENFORGE_RESULT [SIG ]JSON`:
+  the `RolloutResult` as JSON, preceded by an HMAC-SHA256 of the JSON (hex) when the executor
+  gave the supervisor a result key (on its stdin, never in argv, the environment or a file).
+  An executor takes a result only from a supervisor that exited 0, only from the last
+  non-empty line, only with a valid signature when it holds a key, and only when the result
+  names the spec's rollout, task, attempt and session (`check_result`). Anything else is
+  the supervisor dying: an infrastructure failure, never a pass.
+- **The environment.** Only the variables named here cross into a rollout (`scrub_env`):
+  an allowlist of exact names, never a prefix, so nothing credential-like rides along under
+  an innocent prefix (`LC_GITHUB_PAT`, `OPENFORGE_API_KEY`). Names openforge itself defines:
+
+  | variable | who reads it | what it holds |
+  |---|---|---|
+  | `OPENFORGE_SPEC` | supervisor in a Pod | the `RolloutSpec` JSON (a Pod cannot read the orchestrator's disk) |
+  | `OPENFORGE_SANDBOX` | supervisor | the sandbox mode for the agent: auto, bwrap, namespaces, none |
+  | `OPENFORGE_TERMINATION_LOG` | supervisor in a Pod | where the kubelet reads the termination message |
+  | `OPENFORGE_SANDBOX_ID` | process sweeps | a marker in every agent process's environment (a hint only: an agent can drop it) |
+  | `OPENFORGE_ROLLOUT_ID`, `OPENFORGE_POD_NAME`, `OPENFORGE_PROXY_URL` | a Pod's processes | the attempt's rollout id, the Pod's name, the session URL (set by the Kubernetes executor) |
+  | `OPENFORGE_ADMIN_KEY` | `openforge serve` | the gateway's admin key (never on argv) |
+  | `OPENFORGE_GATEWAY_WORKER_SPEC` | a gateway worker process | its config and admin key, from the parent gateway (never on argv) |
+  | `OPENFORGE_CACHE`, `OPENFORGE_NODE_BIN`, `OPENFORGE_CHROMIUM`, `OPENFORGE_DEBUG` | plugins | where programs are (passed through) |
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+
+from openforge.types import RolloutResult, RolloutSpec
+
+RESULT_PREFIX = "OPENFORGE_RESULT "
+
+SPEC_ENV = "OPENFORGE_SPEC"
+SANDBOX_ENV = "OPENFORGE_SANDBOX"
+TERMINATION_LOG_ENV = "OPENFORGE_TERMINATION_LOG"
+MARKER_ENV = "OPENFORGE_SANDBOX_ID"
+ADMIN_KEY_ENV = "OPENFORGE_ADMIN_KEY"
+GATEWAY_WORKER_SPEC_ENV = "OPENFORGE_GATEWAY_WORKER_SPEC"
+ROLLOUT_ID_ENV = "OPENFORGE_ROLLOUT_ID"
+POD_NAME_ENV = "OPENFORGE_POD_NAME"
+PROXY_URL_ENV = "OPENFORGE_PROXY_URL"
+
+# Exact names that reach a rollout; nothing else does.
+PASS_ENV: frozenset[str] = frozenset({
+    "PATH", "LANG", "LANGUAGE", "TERM", "TZ", "USER", "LOGNAME", "SHELL", "NO_COLOR",
+    "PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONHASHSEED",
+    "SSL_CERT_FILE", "SSL_CERT_DIR",
+    "LC_ALL", "LC_CTYPE", "LC_COLLATE", "LC_MESSAGES", "LC_NUMERIC", "LC_TIME", "LC_MONETARY",
+    "LC_PAPER", "LC_NAME", "LC_ADDRESS", "LC_TELEPHONE", "LC_MEASUREMENT", "LC_IDENTIFICATION",
+    SANDBOX_ENV, "OPENFORGE_CACHE", "OPENFORGE_NODE_BIN", "OPENFORGE_CHROMIUM", "OPENFORGE_DEBUG",
+})
+# A name like this is a credential: refused even when a user asks to pass it.
+CREDENTIAL_NAME = re.compile(
+    r"KEY|TOKEN|SECRET|PASS|PWD|CREDENTIAL|AUTH|COOKIE|SESSION|PAT|CERT_KEY|PRIVATE", re.I)
+
+
+def looks_like_credential(name: str) -> bool:
+    return bool(CREDENTIAL_NAME.search(name))
+
+
+def scrub_env(parent: Mapping[str, str], extra_names: Iterable[str] = ()) -> dict[str, str]:
+    """`parent` cut down to the allowlist (plus `extra_names`), never a credential-named variable."""
+    wanted = PASS_ENV | set(extra_names)
+    env = {name: value for name, value in parent.items()
+           if name in wanted and (name in PASS_ENV or not looks_like_credential(name))}
+    env.setdefault("PATH", os.defpath)
+    return env
+
+
+# -- the result line ------------------------------------------------------------------------
+
+
+def new_result_key() -> bytes:
+    """A fresh per-attempt key the executor hands the supervisor on stdin."""
+    return os.urandom(32)
+
+
+def _sign(key: bytes, body: str) -> str:
+    return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+
+
+def result_line(result: RolloutResult, key: bytes | None = None) -> str:
+    """The line a supervisor prints last: `OPENFORGE_RESULT [SIG ]JSON`."""
+    body = json.dumps(result.model_dump(mode="json"))
+    return RESULT_PREFIX + (f"{_sign(key, body)} " if key else "") + body
+
+
+class ResultRefused(ValueError):
+    """The text holds no acceptable result; the message says why (for the attempt's error)."""
+
+
+def parse_result(text: str, key: bytes | None = None) -> RolloutResult:
+    """The result on the last non-empty line of `text`, or `ResultRefused`.
+
+    Only the last line counts: a supervisor prints its result after every agent process is
+    gone, so a result line followed by anything is not the supervisor's.
+    """
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines or not lines[-1].startswith(RESULT_PREFIX):
+        raise ResultRefused("no result line at the end of the supervisor's output")
+    rest = lines[-1][len(RESULT_PREFIX):]
+    if key is not None:
+        signature, _, rest = rest.partition(" ")
+        if not hmac.compare_digest(signature.encode(), _sign(key, rest).encode()):
+            raise ResultRefused("the result line is not signed with this attempt's key")
+    try:
+        return RolloutResult.model_validate_json(rest)
+    except ValueError as exc:
+        raise ResultRefused(f"the result line is not a valid result: {str(exc).splitlines()[0]}") \
+            from None
+
+
+def check_result(result: RolloutResult, spec: RolloutSpec) -> RolloutResult:
+    """`result` when it is the result of `spec`'s attempt, else `ResultRefused`."""
+    expected = {"rollout_id": spec.rollout_id, "task_id": spec.task.id, "attempt": spec.attempt}
+    if spec.session_id:
+        expected["session_id"] = spec.session_id
+    for field, want in expected.items():
+        got = getattr(result, field)
+        if got != want:
+            raise ResultRefused(f"the result is for {field} {got!r}, this attempt is {want!r}")
+    return result

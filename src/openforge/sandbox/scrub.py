@@ -1,0 +1,54 @@
+"""What the agent left in its folder, made safe for the trusted side to read.
+
+The supervisor's plugin code (the harness's `parse_output`, the environment's `final_state`,
+the reward) reads the agent's folder after the agent ended, as the run's user and outside
+the sandbox. A symbolic link the agent left there would be followed on the trusted side: a
+link `answer.txt -> /path/of/the/grader's/expected/answer` (a path the sandbox never
+showed it) would make a checker compare the answer with itself, and a link to a host file
+would carry that file into the result. A FIFO would hang whoever opens it.
+
+`scrub` removes, before any of that code runs, every symbolic link whose target resolves
+outside what the agent could see anyway (its own folder and the read-only view), and every
+FIFO, socket or device node; it returns what it removed (reported in the result).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+def scrub(folder: Path, visible: Iterable[str], masked: Iterable[str] = ()) -> list[str]:
+    """Remove links out of `visible` (or into `masked`) and special files under `folder`;
+    what was removed."""
+    roots = [os.path.realpath(p) for p in (*visible, str(folder))]
+    hidden = [os.path.realpath(p) for p in masked]
+    removed: list[str] = []
+    for parent, dirs, files in os.walk(folder, followlinks=False):
+        for name in [*dirs, *files]:
+            path = os.path.join(parent, name)
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                continue
+            if stat.S_ISLNK(mode):
+                target = os.path.realpath(path)
+                if _inside(target, roots) and not _inside(target, hidden):
+                    continue
+                why = f"{path} -> {os.readlink(path)} (a link out of the sandbox's view)"
+            elif stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+                continue
+            else:
+                why = f"{path} (a {'FIFO' if stat.S_ISFIFO(mode) else 'special file'})"
+            try:
+                os.unlink(path)
+                removed.append(why)
+            except OSError:
+                continue
+    return removed

@@ -1,0 +1,128 @@
+"""The agent's view of the file system in an isolating mode: an allowlist, nothing else.
+
+The view is built from scratch (an empty root), never from `/` with holes punched in it:
+
+- system directories read-only (`/usr`, `/bin`, `/sbin`, `/lib*`, `/etc`; the ones that are
+  symlinks into /usr stay symlinks), with a few root-only secrets in /etc masked;
+- the Python installation(s) the agent program runs on and the `sys.path` entries it
+  imports from, read-only (a Python under the real HOME, like pyenv's, is mapped alone);
+- the harness's program paths (`Harness.program_paths`) and the task's data
+  (`Environment.data_paths`), read-only;
+- the rollout's `agent/` directory (workspace, the agent's HOME, its tmp), read-write;
+- a private `/tmp`, `/dev/shm`, a minimal `/dev` and the `/proc` of its own PID namespace.
+
+Never mapped: any path that would expose a protected one (the real HOME, the folder holding
+the rollouts, the run directory with its store): a candidate that is one of them or holds
+one is dropped, and the supervisor says so on its stderr.
+
+`View` is plain JSON so that `nsinit` reads it without importing anything heavy.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+# Readable by root only on the host; a sandbox running as root would read them otherwise.
+MASKED = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
+          "/etc/ssh/ssh_host_rsa_key", "/etc/ssh/ssh_host_ecdsa_key",
+          "/etc/ssh/ssh_host_ed25519_key")
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
+
+
+@dataclass
+class Bind:
+    src: str
+    dst: str
+    rw: bool = False
+
+
+@dataclass
+class View:
+    """What an isolating mode mounts, in order (parents before children)."""
+
+    binds: list[Bind] = field(default_factory=list)
+    symlinks: list[tuple[str, str]] = field(default_factory=list)  # (target, path)
+    masks: list[str] = field(default_factory=list)  # files overmounted with /dev/null
+    tmpfs: list[str] = field(default_factory=lambda: ["/tmp", "/dev/shm"])
+    cwd: str = "/"
+    dropped: list[str] = field(default_factory=list)  # candidates refused (for the log)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> View:
+        return cls(binds=[Bind(**b) for b in data["binds"]],
+                   symlinks=[(t, p) for t, p in data["symlinks"]], masks=list(data["masks"]),
+                   tmpfs=list(data["tmpfs"]), cwd=data["cwd"], dropped=list(data["dropped"]))
+
+    def sources(self) -> list[str]:
+        return [b.src for b in self.binds]
+
+
+def _inside(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def python_paths() -> list[str]:
+    """What this interpreter needs to run `python -m <agent program>`: its prefixes and the
+    `sys.path` entries that exist (not the supervisor's own working directory)."""
+    found: list[str] = []
+    cwd = os.getcwd()
+    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                  os.path.dirname(os.path.realpath(sys.executable)),
+                  *os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path]
+    for entry in candidates:
+        if not entry or not os.path.isabs(entry):
+            continue
+        path = os.path.realpath(entry)
+        if path == cwd or not os.path.exists(path):
+            continue
+        found.append(path)
+    return found
+
+
+def build_view(agent_dir: Path, *, workspace: Path, programs: Iterable[Path | str] = (),
+               data: Iterable[Path | str] = (), protected: Iterable[Path | str] = ()) -> View:
+    """The allowlisted view for one rollout (see the module docstring)."""
+    view = View(cwd=str(workspace))
+    guarded = [os.path.realpath(p) for p in protected]
+    agent = os.path.realpath(agent_dir)
+
+    def exposes(path: str) -> str | None:
+        for secret in guarded:
+            if _inside(secret, path):
+                return secret
+        return None
+
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            view.symlinks.append((os.readlink(path), path))
+        elif os.path.isdir(path):
+            view.binds.append(Bind(path, path))
+    system = [b.src for b in view.binds]
+    wanted: list[str] = []
+    for raw in [*python_paths(), *map(str, programs), *map(str, data)]:
+        path = os.path.realpath(raw)
+        if not os.path.exists(path) or any(_inside(path, s) for s in system):
+            continue
+        if _inside(path, agent):
+            continue  # already there, read-write
+        secret = exposes(path)
+        if secret is not None:
+            view.dropped.append(f"{path} (it holds {secret})")
+            continue
+        wanted.append(path)
+    # Shortest first, and nothing under a path already mapped.
+    for path in sorted(set(wanted), key=lambda p: (p.count("/"), p)):
+        if not any(_inside(path, b.src) for b in view.binds):
+            view.binds.append(Bind(path, path))
+    view.binds.append(Bind(agent, agent, rw=True))
+    view.masks = [m for m in MASKED if os.path.exists(m)]
+    return view

@@ -1,0 +1,371 @@
+"""The policy is an adversary: a scripted policy drives the stock `mini` harness to attack the
+score, its neighbours and the host, in every sandbox mode and executor.
+
+Each run is a real `openforge run` (scripted engine, recording gateway, local executor or the
+Kubernetes stand-in) over `AttackEnv`'s unsolvable tasks, one per attack (tests/attack_plugins.py):
+
+- `forge`: collect every token-shaped string from every readable /proc/*/cmdline and environ
+  and from every file of the run's folders (spec.json, the store, ...), POST a passing
+  result with each, print a fake `OPENFORGE_RESULT` line to stdout, to the termination-log
+  paths and into the supervisor's stdout when it can open it;
+- `kill`: SIGKILL the rollout supervisor (any ancestor named like it);
+- `orphans`: `(setsid env -u OPENFORGE_SANDBOX_ID sleep 6013 &)` and a double-forked,
+  marker-less `sleep 6014`;
+- `canary`: read a canary file in the runner's HOME and look for the canary in every readable
+  process environment (the runner's has it);
+- `link`: answer with a symbolic link to the grader's copy of the answer (a file no view
+  shows), and leave a FIFO;
+- `trojan`: leave a script the checker runs while scoring, which reads the host and makes a
+  model call with the agent's token;
+- `all`: forge, orphans, canary and kill in one shell call (the issue's attack);
+- `tamper` then `exploit`, one at a time: rewrite the task data the reward reads (outside the
+  workspace) to match a forged answer, then, in the next rollout, just give that answer;
+- `victim` + `sibling`, at concurrency 2: while the victim rollout waits, the sibling looks for
+  the victim's token and uses it for a model call and a forged result.
+
+For every attack and mode: 0 passes, 0 rewards above 0 in the store and in the exports, 0
+processes left (none with the canary sleep durations, none adopted by the runner), and the
+attempt's status says what happened. In the isolating modes (bubblewrap, namespaces, a Pod
+with either) the canary never reaches a recorded call or an export, and no attack finds
+another rollout's token. docs/sandboxing.md cites these tests.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from attack_plugins import (
+    ATTACKS,
+    CANARY,
+    SECRET_ANSWER,
+    SIBLING_ATTACKS,
+    TAMPER_ATTACKS,
+    solutions,
+)
+from sandbox_modes import ALL_MODES, NO_BWRAP, NO_NAMESPACES
+
+from openforge.config import EngineConfig, RunConfig
+from openforge.export import export_run
+from openforge.npm import cache_root
+from openforge.runner import AttemptRecord, read_results, run_from_config
+from openforge.sandbox.modes import resolve
+from openforge.store import Store, secret_hash
+from openforge.types import Call, RolloutResult
+
+HERE = Path(__file__).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class AttackRun:
+    """One finished run of attacks, and what the store and the exports hold."""
+
+    mode: str
+    run_dir: Path
+    data: Path
+    records: dict[str, AttemptRecord]
+    results: dict[str, RolloutResult] = field(default_factory=dict)  # session id -> result
+    calls: dict[str, list[Call]] = field(default_factory=dict)  # task id -> every try's calls
+    token_hashes: dict[str, str] = field(default_factory=dict)  # token hash -> task id
+    exports: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    rewards: list[float | None] = field(default_factory=list)
+
+    @property
+    def isolating(self) -> bool:
+        return self.mode != "none"
+
+    def said(self, task_id: str) -> str:
+        """Everything the attack's tool calls printed, as recorded in the calls' requests."""
+        return "\n".join(json.dumps(c.request) for c in self.calls[task_id])
+
+    def found_tokens(self, task_id: str) -> dict[str, str | None]:
+        """Each token the attack reported finding -> the task whose session it opens (None:
+        not a session token of this run)."""
+        found: dict[str, str | None] = {}
+        for line in self.said(task_id).replace("\\n", "\n").splitlines():
+            if line.startswith("FOUND "):
+                token = line.split()[1]
+                found[token] = self.token_hashes.get(secret_hash(token))
+        return found
+
+
+def attack_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, attacks: tuple[str, ...],
+               executor: str = "local", executor_options: dict[str, Any] | None = None,
+               concurrency: int = 2) -> AttackRun:
+    runs, base, data = tmp_path / "runs", tmp_path / "sandboxes", tmp_path / "data"
+    data.mkdir()
+    (data / "expected.txt").write_text(SECRET_ANSWER)
+    hidden = tmp_path / "grader" / "answer.txt"  # the grader's copy: never in any view
+    hidden.parent.mkdir()
+    hidden.write_text(SECRET_ANSWER)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "canary.txt").write_text(CANARY)
+    monkeypatch.setenv("OPENFORGE_CACHE", str(cache_root()))  # the tiny model, built once
+    monkeypatch.setenv("HOME", str(home))  # the runner's HOME, with a secret in it
+    monkeypatch.setenv("MY_SERVICE_SECRET", CANARY)  # and one in the runner's environment
+    monkeypatch.setenv("PYTHONPATH", str(HERE))
+    # What the attacker knows: where things are, and how the canary starts (not the canary
+    # itself: the policy's own command must not carry it into the recorded calls).
+    know = {"roots": [str(runs), str(base)], "canary_prefix": CANARY[:12], "data": str(data),
+            "hidden": str(hidden),
+            "canary_paths": [str(home / "canary.txt")], "port": _free_port()}
+    script = tmp_path / "attacks.yaml"
+    script.write_text(yaml.safe_dump(solutions(know)))
+    options = executor_options or {"sandbox": mode, "base_dir": str(base)}
+    config = RunConfig(engine=EngineConfig(name="scripted", options={"script": str(script)}),
+                       harness="mini", harness_options={"max_steps": 5},
+                       environment="attack_plugins:AttackEnv",
+                       environment_options={"attacks": list(attacks), "data": str(data)},
+                       reward="checker", executor=executor, executor_options=options,
+                       runs_dir=runs, concurrency=concurrency, k=1, max_infra_retries=1,
+                       timeout_s=180)
+    summary = run_from_config(config)
+    run = AttackRun(mode, summary.run_dir, data,
+                    {r.task_id: r for r in read_results(summary.run_dir)})
+    with Store(summary.run_dir / "store.sqlite") as store:
+        for session in store.list_sessions():
+            run.token_hashes[session.token_hash] = session.task_id
+            run.rewards.append(session.reward)
+            result = store.get_result(session.id)
+            if result is not None:
+                run.results[session.id] = result
+            run.calls.setdefault(session.task_id, []).extend(store.list_calls(session.id))
+    for fmt in ("samples", "verl", "sft"):
+        out = export_run(summary.run_dir, fmt, tmp_path / f"export-{fmt}")
+        run.exports[fmt] = pq.read_table(out).to_pylist()
+    return run
+
+
+def leftovers(started: float) -> list[str]:
+    """Attack processes still alive, and live children this process adopted during the run."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            cmdline = proc.info["cmdline"] or []
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if cmdline[:2] in (["sleep", "6013"], ["sleep", "6014"]):
+                found.append(f"{proc.pid} {cmdline} (parent {proc.ppid()})")
+        except psutil.Error:
+            continue
+    for child in psutil.Process().children():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and child.create_time() >= started:
+                found.append(f"child {child.pid} {child.cmdline()}")
+        except psutil.Error:
+            continue
+    return found
+
+
+def assert_nothing_forged(run: AttackRun) -> None:
+    """0 passes, 0 rewards above 0 in results.jsonl, the store and every export."""
+    assert [r.task_id for r in run.records.values() if r.passed] == []
+    assert [r for r in run.records.values() if (r.reward or 0.0) > 0.0] == []
+    assert [r for r in run.rewards if (r or 0.0) > 0.0] == []
+    assert [r for r in run.results.values() if r.reward and r.reward.score > 0.0] == []
+    for fmt, rows in run.exports.items():
+        assert [row for row in rows if (row.get("reward") or 0.0) > 0.0] == [], fmt
+        assert [row for row in rows if (row.get("extra_info") or {}).get("passed")] == [], fmt
+    assert run.exports["sft"] == []  # nothing passed, so nothing to imitate
+
+
+@pytest.fixture
+def clean() -> Iterator[float]:
+    """The test's start time; at its end, whatever an attack left is reported and killed."""
+    started = time.time()
+    yield started
+    left = leftovers(started)
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if (proc.info["cmdline"] or [])[:2] in (["sleep", "6013"], ["sleep", "6014"]):
+                proc.kill()
+        except psutil.Error:
+            continue
+    assert left == []
+
+
+# -- the executors and sandbox modes under attack ----------------------------------------------
+
+# The Kubernetes cases with no isolation inside the Pod depend on #18's Pod design (the
+# agent in a container of its own, which cannot write the result channel); until then:
+K8S_NONE_KILL = ("needs #18's Pod design: with the supervisor and an unisolated agent in one "
+                 "container, an agent that kills the supervisor leaves orphans that outlive the "
+                 "stand-in Pod (it finds a container's processes by a marker variable, a real "
+                 "runtime by its cgroup), and it reads the host's files (the stand-in's Pods "
+                 "share them); it scores nothing either way")
+K8S_NONE_FILES = ("needs #18's Pod design: the stand-in runs Pods on the host's file system, "
+                  "so an unisolated agent's change to the task data outlives its Pod (a real "
+                  "Pod's files are its own)")
+
+
+@pytest.fixture(scope="module")
+def standin() -> Iterator[Any]:
+    pytest.importorskip("kubernetes_asyncio", reason="pip install 'openforge[kubernetes]'")
+    from k8s_standin import StandIn
+
+    with StandIn(image_env={"PYTHONPATH": str(HERE)}) as k8s:
+        yield k8s
+
+
+def kubernetes_options(standin: Any, mode: str) -> dict[str, Any]:
+    """The Kubernetes executor on the stand-in, the supervisor in the Pod using `mode`."""
+    from k8s_standin import python_command
+
+    return {"image": "openforge/rollout:test", "kubeconfig": str(standin.kubeconfig),
+            "namespace": "default", "command": python_command(), "requests": {"cpu": "100m"},
+            "env": {"OPENFORGE_SANDBOX": mode}, "backoff_s": 0.05, "resync_s": 10,
+            "termination_grace_s": 1}
+
+
+def executors(k8s_none_fails: str | None = None) -> list[Any]:
+    """(executor, sandbox mode) pairs: local in every mode; the Kubernetes stand-in with the
+    isolating mode this machine has inside its Pods (the supervisor's code is the local
+    one; what differs is the result channel), and with none, which `k8s_none_fails` marks
+    as a known failure."""
+    isolating = resolve("auto")
+    none = pytest.param("kubernetes", "none", id="kubernetes-none", marks=[
+        pytest.mark.xfail(reason=k8s_none_fails, strict=True)] if k8s_none_fails else [])
+    pod = pytest.param("kubernetes", isolating, id="kubernetes-isolated", marks=[
+        pytest.mark.skipif(isolating == "none", reason=f"{NO_BWRAP}; {NO_NAMESPACES}")])
+    return [pytest.param("local", *p.values, marks=p.marks, id=f"local-{p.id}")  # type: ignore[attr-defined]
+            for p in ALL_MODES] + [pod, none]
+
+
+def run_attacks(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                executor: str, mode: str, attacks: tuple[str, ...],
+                concurrency: int = 2) -> AttackRun:
+    if executor == "kubernetes":
+        standin = request.getfixturevalue("standin")
+        return attack_run(tmp_path, monkeypatch, mode, attacks, "kubernetes",
+                          kubernetes_options(standin, mode), concurrency)
+    return attack_run(tmp_path, monkeypatch, mode, attacks, concurrency=concurrency)
+
+
+@pytest.mark.parametrize("executor, mode", executors(K8S_NONE_KILL))
+def test_attacks_never_score_and_leave_nothing(request: pytest.FixtureRequest, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch, executor: str,
+                                               mode: str, clean: float) -> None:
+    run = run_attacks(request, tmp_path, monkeypatch, executor, mode, ATTACKS)
+    assert leftovers(clean) == []
+    assert_nothing_forged(run)
+    records = run.records
+    assert set(records) == set(ATTACKS)
+    assert {r.sandbox for r in records.values()} == {mode}
+    # A run without isolation says so loudly in its report (and in its header: see
+    # test_local_executor.py::test_describe_sandbox_names_the_mode_and_warns_without_isolation).
+    report = json.loads((run.run_dir / "report.json").read_text())
+    html = (run.run_dir / "report.html").read_text()
+    if run.isolating:
+        assert report["sandbox"]["warning"] is None and "WITHOUT isolation" not in html
+    else:
+        assert report["sandbox"]["unisolated_attempts"] == len(ATTACKS)
+        assert "WITHOUT isolation" in report["sandbox"]["warning"]
+        assert "WARNING" in html and "WITHOUT isolation" in html
+
+    # forge: no route takes a result from a token; the fake lines changed nothing.
+    forge = run.said("forge")
+    assert "POST own 404" in forge
+    assert records["forge"].status == "ok" and records["forge"].reward == 0.0
+    if executor == "local":
+        # Without isolation it even writes its line into the supervisor's stdout: the
+        # supervisor's signed line comes last and wins. Isolated, it finds no supervisor.
+        assert ("WROTE /proc/" in forge) == (not run.isolating)
+    # kill: only without isolation can the agent see its supervisor; then it is an
+    # infrastructure failure (retried, excluded), never a pass.
+    if run.isolating:
+        assert "KILLED" not in run.said("kill")
+        assert records["kill"].status == "ok" and records["kill"].reward == 0.0
+        assert records["all"].status == "ok" and records["all"].reward == 0.0
+    else:
+        for task in ("kill", "all"):
+            assert records[task].status == "infra_error", records[task]
+            assert (records[task].error or "").startswith(
+                "rollout supervisor died: killed by signal SIGKILL")
+            assert records[task].tries == 2 and records[task].reward is None
+    # orphans: found and ended whatever they dropped (the `clean` fixture checks), and
+    # counted (locally: a Pod's compact result leaves the harness output out).
+    assert records["orphans"].status == "ok"
+    if executor == "local":
+        orphans = run.results[records["orphans"].session_id]
+        assert orphans.harness_output["ended_processes"] >= 2
+    # link: the trusted side never follows a link out of the sandbox's view (nor opens a FIFO).
+    assert records["link"].status == "ok" and records["link"].reward == 0.0
+    if executor == "local":
+        removed = run.results[records["link"].session_id].harness_output["removed_files"]
+        assert any("answer.txt" in r for r in removed) and any("stall.fifo" in r for r in removed)
+    # trojan: the agent's script the checker runs cannot add a call (the session is sealed
+    # before scoring) and, isolated, sees no more of the host than the agent did.
+    trojan = str(records["trojan"].reward_details.get("verify_output"))
+    assert records["trojan"].status == "ok" and records["trojan"].reward == 0.0
+    assert "CALL 401" in trojan, trojan
+    assert not [c for task_calls in run.calls.values() for c in task_calls
+                if "from-the-checker" in json.dumps(c.request)]
+    if run.isolating:
+        assert "READ canary: not there" in trojan and "READ hidden: False" in trojan
+    # canary and tokens: in the isolating modes nothing of the host or of other rollouts.
+    if run.isolating:
+        for task in ATTACKS:
+            assert CANARY not in run.said(task), task
+            assert not [t for t, owner in run.found_tokens(task).items()
+                        if owner not in (None, task)], task
+        for fmt, rows in run.exports.items():
+            assert CANARY not in json.dumps(rows, default=str), fmt
+
+
+@pytest.mark.parametrize("executor, mode", executors(K8S_NONE_FILES))
+def test_tampered_task_data_never_scores(request: pytest.FixtureRequest, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch, executor: str,
+                                         mode: str, clean: float) -> None:
+    run = run_attacks(request, tmp_path, monkeypatch, executor, mode, TAMPER_ATTACKS, 1)
+    assert leftovers(clean) == []
+    assert_nothing_forged(run)
+    tamper, exploit = run.records["tamper"], run.records["exploit"]
+    if run.isolating:
+        # The data is mapped read-only: the write fails, the honest score is 0.
+        assert "COULD NOT TAMPER" in run.said("tamper")
+        assert (run.data / "expected.txt").read_text() == SECRET_ANSWER
+        assert (tamper.status, tamper.reward) == ("ok", 0.0)
+        assert (exploit.status, exploit.reward) == ("ok", 0.0)
+    else:
+        # The same user can write it: the supervisor sees the change (a violation, scored
+        # 0), and the runner scores no later attempt against the forged data.
+        assert (run.data / "expected.txt").read_text() == "forged"
+        assert (tamper.status, tamper.reward) == ("violation", 0.0)
+        assert "the agent changed the task's data" in (tamper.error or "")
+        assert exploit.status == "infra_error" and exploit.reward is None
+        assert "the task's data changed after the run started" in (exploit.error or "")
+
+
+@pytest.mark.parametrize("executor, mode", executors())
+def test_a_sibling_cannot_use_its_neighbours_token(request: pytest.FixtureRequest, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch, executor: str,
+                                                   mode: str, clean: float) -> None:
+    run = run_attacks(request, tmp_path, monkeypatch, executor, mode, SIBLING_ATTACKS)
+    assert leftovers(clean) == []
+    assert_nothing_forged(run)
+    assert "victim released: b'done'" in run.said("victim")  # they did run side by side
+    assert {r.status for r in run.records.values()} == {"ok"}
+    stolen = {t for t, owner in run.found_tokens("sibling").items() if owner == "victim"}
+    hijacked = [c for c in run.calls["victim"] if "hijacked" in json.dumps(c.request)]
+    if run.isolating:
+        assert stolen == set() and hijacked == []
+    else:
+        # Without isolation the same user reads the victim's environment: the token works
+        # for model calls (its trajectory gets a stranger's call), never for a result.
+        assert stolen and "result 404" in run.said("sibling")

@@ -1,0 +1,210 @@
+"""The agent's sandbox from the inside: what an isolating mode lets a harness see and do."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sandbox_modes import ISOLATING_MODES
+
+from openforge.executors.local import LocalExecutor
+from openforge.executors.process import LeftoverError
+from openforge.rollout import execute
+from openforge.sandbox.modes import bwrap_path
+from openforge.sandbox.scrub import scrub
+from openforge.sandbox.view import build_view
+from openforge.types import RolloutSpec, Task
+
+TESTS_DIR = str(Path(__file__).parent)
+
+
+@pytest.fixture(autouse=True)
+def _plugins_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", TESTS_DIR)
+
+
+async def probe(tmp_path: Path, mode: str, plan: dict[str, list[str]],
+                protect: list[Path] = ()) -> dict[str, object]:
+    """Run ProbeHarness with `plan` in `mode`; what it saw."""
+    base = tmp_path / "rollouts"
+    executor = LocalExecutor(sandbox=mode, base_dir=base, keep_dirs=True)
+    executor.protect(*protect)
+    spec = RolloutSpec(run_id="run", rollout_id="probe", task=Task(id="only", prompt=json.dumps(plan)),
+                       harness="executor_plugins:ProbeHarness",
+                       environment="executor_plugins:OneTaskEnv", reward="checker",
+                       gateway_url="http://127.0.0.1:9", session_token="tok", session_id="sid")
+    result = await executor.run(spec)
+    assert result.status == "ok", result.error
+    return dict(json.loads(next(base.glob("*/agent/workspace/probe.json")).read_text()))
+
+
+@pytest.mark.parametrize("mode", ISOLATING_MODES)
+async def test_the_agent_sees_only_its_allowlist(tmp_path: Path, mode: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "real-home"
+    home.mkdir()
+    (home / "secret.txt").write_text("home secret")
+    monkeypatch.setenv("HOME", str(home))
+    run_dir = tmp_path / "runs" / "run-1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "store.sqlite").write_text("sessions")
+    neighbour = tmp_path / "rollouts" / "openforge-neighbour-x"
+    (neighbour / "agent" / "workspace").mkdir(parents=True)
+    (neighbour / "spec.json").write_text("neighbour spec")
+    seen = await probe(tmp_path, mode, {
+        "read": [str(home / "secret.txt"), str(run_dir / "store.sqlite"),
+                 str(neighbour / "spec.json"), "/etc/shadow"],
+        "write": ["/usr/openforge-probe", "/etc/openforge-probe", sys.executable],
+        "list": ["/", "/proc", str(tmp_path / "rollouts")],
+    }, protect=[run_dir])
+    for path in (home / "secret.txt", run_dir / "store.sqlite", neighbour / "spec.json"):
+        assert str(seen[str(path)]).startswith("error: FileNotFoundError"), path
+    assert seen["/etc/shadow"] in ("", "error: PermissionError")  # masked with /dev/null
+    for path in ("/usr/openforge-probe", "/etc/openforge-probe", sys.executable):
+        assert seen[path] == "error: OSError", path  # EROFS
+    assert not os.path.exists("/usr/openforge-probe")
+    top = set(seen["/"])  # type: ignore[arg-type]
+    assert top <= {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "dev", "proc",
+                   "tmp", "root", "work", "home", "opt", "srv", "mnt", "var", "run"}, top
+    assert "sys" not in top and "boot" not in top
+    # Its own PID namespace: a handful of processes, PID 1 being openforge's reaper.
+    pids = [p for p in seen["/proc"] if p.isdigit()]  # type: ignore[union-attr]
+    assert "1" in pids and len(pids) <= 5, pids
+    # Only its own rollout directory exists under the rollouts' folder.
+    assert len(seen[str(tmp_path / "rollouts")]) == 1  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ISOLATING_MODES)
+async def test_no_capability_and_no_way_to_remount(tmp_path: Path, mode: str) -> None:
+    base = tmp_path / "rollouts"
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "expected.txt").write_text("right")
+    executor = LocalExecutor(sandbox=mode, base_dir=base, keep_dirs=True)
+    script = ("grep CapEff /proc/self/status > caps.txt; "
+              f"mount -o remount,bind,rw {data} 2> remount.txt; echo $? >> remount.txt; "
+              f"echo forged > {data}/expected.txt 2> write.txt; echo $? >> write.txt")
+    spec = RolloutSpec(run_id="run", rollout_id="caps", task=Task(id="only", prompt=script),
+                       harness="executor_plugins:ShellHarness",
+                       environment="executor_plugins:DataEnv",
+                       environment_options={"data": str(data)}, reward="checker",
+                       gateway_url="http://127.0.0.1:9", session_token="tok", session_id="sid")
+    result = await executor.run(spec)
+    assert result.status == "ok", result.error
+    workspace = next(base.glob("*/agent/workspace"))
+    assert (workspace / "caps.txt").read_text().split() == ["CapEff:", "0000000000000000"]
+    assert (workspace / "remount.txt").read_text().strip().splitlines()[-1] != "0"
+    assert (workspace / "write.txt").read_text().strip().splitlines()[-1] != "0"
+    assert (data / "expected.txt").read_text() == "right"
+
+
+def test_the_view_never_maps_a_protected_path(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # A sys.path entry that holds the run directory (say, the folder openforge runs from).
+    project = tmp_path / "project"
+    (project / "runs" / "r1").mkdir(parents=True)
+    agent = tmp_path / "rollouts" / "x" / "agent"
+    (agent / "workspace").mkdir(parents=True)
+    monkeypatch.setattr(sys, "path", [*sys.path, str(project)])
+    view = build_view(agent, workspace=agent / "workspace", programs=[tmp_path / "rollouts"],
+                      data=[project / "runs" / "r1"],
+                      protected=[project / "runs" / "r1", tmp_path / "rollouts"])
+    sources = view.sources()
+    assert str(project) not in sources and str(project / "runs" / "r1") not in sources
+    assert str(tmp_path / "rollouts") not in sources
+    assert str(agent.resolve()) in sources and view.binds[-1].rw
+    assert [b for b in view.binds if b.rw] == [view.binds[-1]]  # only the agent's folder
+    assert any(str(project) in d for d in view.dropped)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to run two processes as another user")
+@pytest.mark.parametrize("undumpable", [False, True])
+def test_an_undumpable_process_hides_its_environment_from_the_same_user(undumpable: bool) -> None:
+    # Without isolation the runner and the supervisor make themselves undumpable, so another
+    # process of the same (non-root) user cannot read their environment; the control shows
+    # that, dumpable, it could.
+    def as_nobody() -> None:
+        os.setgid(65534)
+        os.setuid(65534)
+
+    code = ("import ctypes, os, time\n"
+            "from openforge.executors.process import make_undumpable\n"
+            "os.setgid(65534); os.setuid(65534)\n"
+            "ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable again after the uid change\n"
+            + ("make_undumpable()\n" if undumpable else "")
+            + "print('ready', flush=True); time.sleep(60)\n")
+    target = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              env={**os.environ, "HIDDEN_SECRET": "s3cr3t"})
+    try:
+        assert target.stdout is not None and target.stdout.readline().strip() == b"ready"
+        reader = subprocess.run(["cat", f"/proc/{target.pid}/environ"], preexec_fn=as_nobody,
+                                capture_output=True, timeout=60)
+    finally:
+        target.kill()
+        target.wait()
+    if undumpable:
+        assert reader.returncode != 0 and b"s3cr3t" not in reader.stdout
+        assert b"Permission denied" in reader.stderr
+    else:
+        assert b"HIDDEN_SECRET=s3cr3t" in reader.stdout
+
+
+@pytest.mark.skipif(os.getuid() != 0 or bwrap_path() is None,
+                    reason="shows what bubblewrap run by root does without --cap-drop ALL")
+def test_bubblewrap_run_by_root_needs_cap_drop() -> None:
+    # Why bwrap_argv passes --cap-drop ALL: without it, root's sandbox keeps every capability
+    # (and could remount its read-only binds read-write).
+    base = [bwrap_path(), "--unshare-all", "--share-net", "--ro-bind", "/", "/", "--proc",
+            "/proc", "--dev", "/dev"]
+    probe = ["grep", "CapEff", "/proc/self/status"]
+    kept = subprocess.run([*base, *probe], capture_output=True, text=True, timeout=60)
+    dropped = subprocess.run([*base, "--cap-drop", "ALL", *probe], capture_output=True,
+                             text=True, timeout=60)
+    assert kept.stdout.split()[1] != "0000000000000000"
+    assert dropped.stdout.split()[1] == "0000000000000000"
+
+
+def test_the_supervisor_never_scores_while_an_agent_process_lives(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def unkillable(*args: object, **kwargs: object) -> object:
+        raise LeftoverError("1 processes of the sandbox's PID namespace are still alive: [42]")
+
+    monkeypatch.setattr("openforge.rollout.run_agent", unkillable)
+    spec = RolloutSpec(run_id="run", rollout_id="r", task=Task(id="only", prompt="p"),
+                       harness="executor_plugins:OkHarness",
+                       environment="executor_plugins:OneTaskEnv", reward="checker",
+                       gateway_url="http://127.0.0.1:9", session_token="tok", session_id="sid")
+    result = execute(spec, tmp_path, "none")
+    assert result.status == "infra_error" and result.reward is None
+    assert (result.error or "").startswith("could not end the agent's processes: 1 processes")
+
+
+def test_scrub_removes_links_out_of_the_view_and_special_files(tmp_path: Path) -> None:
+    agent, visible, outside = tmp_path / "agent", tmp_path / "visible", tmp_path / "outside"
+    for folder in (agent / "workspace" / "sub", visible, outside):
+        folder.mkdir(parents=True)
+    (visible / "data.txt").write_text("data")
+    (visible / "masked").write_text("root only")
+    (outside / "secret.txt").write_text("secret")
+    ws = agent / "workspace"
+    (ws / "own.txt").write_text("mine")
+    kept = {"inside": ws / "sub" / "own-link", "visible": ws / "data-link"}
+    kept["inside"].symlink_to("../own.txt")
+    kept["visible"].symlink_to(visible / "data.txt")
+    gone = {"secret": ws / "secret-link", "dir": ws / "sub" / "outside-dir",
+            "proc": ws / "environ", "masked": ws / "masked-link", "dangling": ws / "nowhere",
+            "fifo": ws / "stall.fifo"}
+    gone["secret"].symlink_to(outside / "secret.txt")
+    gone["dir"].symlink_to(outside)
+    gone["proc"].symlink_to("/proc/self/environ")
+    gone["masked"].symlink_to(visible / "masked")
+    gone["dangling"].symlink_to(outside / "later.txt")
+    os.mkfifo(gone["fifo"])
+    removed = scrub(agent, [str(visible)], [str(visible / "masked")])
+    assert all(p.is_symlink() for p in kept.values())
+    assert not [name for name, p in gone.items() if os.path.lexists(p)]
+    assert len(removed) == len(gone) and (outside / "secret.txt").exists()
