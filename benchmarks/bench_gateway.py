@@ -1,18 +1,32 @@
-"""Gateway overhead, recording rate and token-cache memory (prints; asserts nothing about time).
+"""Gateway CPU per recorded call against a bare pass-through, in one run (prints a summary).
 
-Three processes, as in production: an engine stand-in (aiohttp, fixed latency), the gateway
-(`python -m openforge.gateway.server`, the `vllm` engine pointed at the stand-in), and this
-load generator (aiohttp). Measured in one run:
+Processes, as in production: an engine stand-in (aiohttp; vLLM's `/v1/completions` with
+token ids in and out, and an OpenAI chat endpoint, each answering after a fixed latency),
+the gateway (`python -m openforge.gateway.server`, the `vllm` engine with
+`api=completions` pointed at the stand-in), a bare pass-through (starlette + uvicorn +
+an aiohttp client, forwarding chat requests to the stand-in and recording nothing: how
+REFERENCE.md 2b measured peer gateways), and this load generator (aiohttp).
 
-1. Overhead: 64 concurrent sessions x 20-turn agent conversations (the model calls a tool,
-   the harness sends its output back, the history grows), non-streaming, through the
-   gateway vs. straight to the stand-in's own chat endpoint (same 20 ms latency): p50
-   latency ratio and throughput ratio; the gateway's CPU ms/call.
-2. Recording rate: the gateway with the in-process `scripted` engine (instant): recorded
-   calls per second of gateway CPU time, i.e. on one core.
-3. Memory: bytes of cached session token ids per cached token (`SessionTokens.nbytes()`).
+Phases, each S concurrent sessions x T turns, non-streaming, growing histories:
 
-Ends with a summary: each figure, its target (issue 3) and whether it was met.
+- `direct`: straight to the stand-in's chat endpoint (the throughput reference);
+- `pass-through`: through the bare proxy;
+- `tools`: through the gateway, tool-call turns (the model calls a tool, the harness
+  sends its output back);
+- `users`: through the gateway, user-message turns (the model answers, the user writes
+  again), with the default render policy, and once more with `exact`;
+- `tools x2 workers`: the gateway with `--workers 2` (CPU summed over its processes);
+  afterwards every session must be cached by exactly the worker it maps to, and each
+  session's token must be refused (421) by the other worker;
+- `stall`: S sessions' tool turns, first alone, then while another client keeps sending
+  10 MB bodies: the difference in their p99 latency.
+
+For each: recorded calls, CPU ms per call of the serving process(es), its ratio to the
+pass-through's, p50 / p99 latency, RSS at the end, and the merge rate (calls per training
+sample) of what the gateway recorded. The summary ends with each target of issue 20 and
+whether it was met. Timing depends on the machine (2 shared cores here: the load
+generator, the stand-in and the server compete); CPU ms per call is the figure that
+transfers, and the load average at start and end is printed with it.
 
     python benchmarks/bench_gateway.py [--quick] [--sessions N] [--turns N] [--latency-ms N]
                                        [--profile PREFIX]
@@ -31,7 +45,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -45,6 +59,8 @@ SHELL = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}},
                    "required": ["cmd"]}}}
 TOOL_ARGS = {"cmd": "pytest -q"}
+ANSWER = "Done: the tests pass now, and I updated the module's docstring to match."
+STALL_BODY_BYTES = 10 * 1024 * 1024
 
 
 def free_port() -> int:
@@ -53,52 +69,91 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# --- the engine stand-in (runs in its own process) ---------------------------------------------
+# --- the engine stand-in and the pass-through (each runs in its own process) ----------------
 
 
 def run_standin(port: int, latency_s: float) -> None:
-    """vLLM's token endpoint and an OpenAI chat endpoint, each answering after `latency_s`."""
+    """vLLM's `/v1/completions` (token ids; the reply by the requested model name: "tools"
+    answers a tool call, "users" a text) and an OpenAI chat endpoint (a tool call)."""
     from aiohttp import web
 
     from openforge.gateway.conversation import Message, Tool, ToolCall
-    from openforge.gateway.render import assistant_turn_ids, load_model_bundle
+    from openforge.gateway.model import load_model_bundle
+    from openforge.gateway.render import assistant_turn_ids
 
     bundle = load_model_bundle("tiny")
     call = ToolCall(id="call_1", name="shell", arguments=json.dumps(TOOL_ARGS))
-    ids = assistant_turn_ids(bundle, [], Message(role="assistant", content="", tool_calls=[call]),
-                             [Tool(name="shell", parameters=SHELL["function"]["parameters"])])
-    generated = {"choices": [{"token_ids": ids, "finish_reason": "stop",
-                              "logprobs": {"content": [{"logprob": -0.5} for _ in ids]}}],
-                 "weight_versions": ["bench"]}
-    chat = {"id": "chatcmpl-x", "object": "chat.completion", "created": 0, "model": "policy",
-            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-                "role": "assistant", "content": None, "tool_calls": [
-                    {"id": "call_1", "type": "function",
-                     "function": {"name": "shell", "arguments": json.dumps(TOOL_ARGS)}}]}}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": len(ids), "total_tokens": 10}}
-    generated_body, chat_body = json.dumps(generated), json.dumps(chat)
+    tools = [Tool(name="shell", parameters=SHELL["function"]["parameters"])]
+    replies = {
+        "tools": assistant_turn_ids(bundle, [], Message(role="assistant", tool_calls=[call]),
+                                    tools),
+        "users": assistant_turn_ids(bundle, [], Message(role="assistant", content=ANSWER)),
+    }
+    completions = {
+        name: json.dumps({"choices": [{
+            "text": "", "token_ids": ids, "finish_reason": "stop",
+            "logprobs": {"token_logprobs": [-0.5] * len(ids)}}], "weight_versions": ["bench"]})
+        for name, ids in replies.items()}
+    chat = json.dumps({
+        "id": "chatcmpl-x", "object": "chat.completion", "created": 0, "model": "policy",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "shell", "arguments": json.dumps(TOOL_ARGS)}}]}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}})
 
-    async def generate(request: web.Request) -> web.Response:
-        await request.read()
+    async def completions_route(request: web.Request) -> web.Response:
+        body = await request.json()  # a real server parses what it is sent
         await asyncio.sleep(latency_s)
-        return web.Response(text=generated_body, content_type="application/json")
+        return web.Response(text=completions[body.get("model", "tools")],
+                            content_type="application/json")
 
-    async def chat_completions(request: web.Request) -> web.Response:
-        await request.json()  # a real server parses what it is sent
+    async def chat_route(request: web.Request) -> web.Response:
+        await request.json()
         await asyncio.sleep(latency_s)
-        return web.Response(text=chat_body, content_type="application/json")
+        return web.Response(text=chat, content_type="application/json")
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "tools"}]})
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_post("/inference/v1/generate", generate)
-    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions_route)
+    app.router.add_post("/v1/chat/completions", chat_route)
+    app.router.add_get("/v1/models", models)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def run_passthrough(port: int, upstream: str) -> None:
+    """A bare proxy on the gateway's own stack (starlette + uvicorn + aiohttp client):
+    forwards each chat request to `upstream` and returns its answer, recording nothing."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    client: dict[str, aiohttp.ClientSession] = {}
+
+    async def forward(request: Request) -> Response:
+        if "s" not in client:
+            client["s"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        body = await request.body()
+        async with client["s"].post(upstream, data=body,
+                                    headers={"content-type": "application/json"}) as r:
+            data = await r.read()
+            return Response(data, r.status, media_type="application/json")
+
+    app = Starlette(routes=[Route("/v1/chat/completions", forward, methods=["POST"])])
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                loop="uvloop")
 
 
 # --- processes ---------------------------------------------------------------------------------
 
 
-def wait_http(url: str, process: subprocess.Popen[bytes], headers: dict[str, str] | None = None
-              ) -> None:
+def wait_http(url: str, process: subprocess.Popen[bytes], headers: dict[str, str] | None = None,
+              ok: tuple[int, ...] = (200,)) -> None:
+    import urllib.error
     import urllib.request
 
     deadline = time.monotonic() + 180
@@ -109,49 +164,81 @@ def wait_http(url: str, process: subprocess.Popen[bytes], headers: dict[str, str
             req = urllib.request.Request(url, headers=headers or {})
             with urllib.request.urlopen(req, timeout=2):
                 return
+        except urllib.error.HTTPError as exc:
+            if exc.code in ok:
+                return
         except Exception:
-            time.sleep(0.2)
+            pass
+        time.sleep(0.2)
     raise SystemExit(f"{url} did not come up")
 
 
-def start_standin(latency_s: float) -> tuple[subprocess.Popen[bytes], str]:
+def start_helper(flag: str, *args: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    p = subprocess.Popen([sys.executable, __file__, "--standin", str(port), "--latency-ms",
-                          str(latency_s * 1000)])
+    p = subprocess.Popen([sys.executable, __file__, flag, str(port), *args])
     url = f"http://127.0.0.1:{port}"
-    # aiohttp answers 405 to GET on a POST route: the server is up.
-    import urllib.error
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            import urllib.request
-            urllib.request.urlopen(f"{url}/v1/chat/completions", timeout=2)
-        except urllib.error.HTTPError:
-            return p, url
-        except Exception:
-            if p.poll() is not None:
-                raise SystemExit("the engine stand-in exited early") from None
-            time.sleep(0.2)
-    raise SystemExit("the engine stand-in did not come up")
+    wait_http(f"{url}/v1/chat/completions", p, ok=(405,))  # a GET on a POST route: it is up
+    return p, url
 
 
-def start_gateway(store: Path, engine_args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "openforge.gateway.server", "--store", str(store),
-                          "--model", "tiny", "--port", str(port), *engine_args],
-                         stdout=subprocess.DEVNULL,
-                         env={**os.environ, "OPENFORGE_ADMIN_KEY": ADMIN_KEY})  # never on argv
+def start_gateway(store: Path, standin_url: str, profile: str, policy: str = "append",
+                  workers: int = 1) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port() if workers == 1 else _free_port_run(workers)
+    p = subprocess.Popen([
+        sys.executable, "-m", "openforge.gateway.server", "--store", str(store), "--model",
+        "tiny", "--port", str(port), "--engine", "vllm",
+        "--option", f"url={standin_url}", "--option", "api=completions",
+        "--option", f"served_model={profile}", "--set", f"gateway.render_policy={policy}",
+        "--workers", str(workers)], stdout=subprocess.DEVNULL,
+        env={**os.environ, "OPENFORGE_ADMIN_KEY": ADMIN_KEY})  # never on argv
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/admin/health", p, {"Authorization": f"Bearer {ADMIN_KEY}"})
     return p, url
 
 
+def _free_port_run(n: int) -> int:
+    """A port p such that p .. p+n-1 are all free now (workers bind consecutive ports)."""
+    for _ in range(100):
+        base = free_port()
+        try:
+            socks = []
+            for i in range(n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", base + i))
+                socks.append(s)
+            for s in socks:
+                s.close()
+            return base
+        except OSError:
+            for s in socks:
+                s.close()
+    raise SystemExit("no run of free ports")
+
+
 def stop(process: subprocess.Popen[bytes]) -> None:
     process.terminate()
     try:
-        process.wait(timeout=20)
+        process.wait(timeout=30)
     except subprocess.TimeoutExpired:
         process.kill()
+
+
+def tree(process: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    """The process and its children (gateway workers)."""
+    p = psutil.Process(process.pid)
+    return [p, *p.children(recursive=True)]
+
+
+def cpu_s(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for p in procs:
+        t = p.cpu_times()
+        total += t.user + t.system
+    return total
+
+
+def rss_mb(procs: list[psutil.Process]) -> list[float]:
+    return [p.memory_info().rss / 2**20 for p in procs]
 
 
 # --- load ---------------------------------------------------------------------------------------
@@ -162,29 +249,36 @@ class Load:
     latencies: list[float]
     wall_s: float
     calls: int
+    windows: list[tuple[float, float]] = field(default_factory=list)  # (start, end) per call
 
     @property
     def p50_ms(self) -> float:
         return statistics.median(self.latencies) * 1000
 
     @property
+    def p99_ms(self) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000
+
+    @property
     def rps(self) -> float:
         return self.calls / self.wall_s
 
 
-async def open_sessions(url: str, n: int) -> list[str]:
+async def open_sessions(url: str, n: int) -> list[dict[str, str]]:
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as h:
-        tokens = []
+        sessions = []
         for i in range(n):
             async with h.post(f"{url}/admin/sessions", json={"run_id": "bench",
                                                              "task_id": f"t{i}"}) as r:
-                tokens.append((await r.json())["token"])
-        return tokens
+                sessions.append(await r.json())
+        return sessions
 
 
-async def drive(endpoints: list[str], tokens: list[str], turns: int) -> Load:
+async def drive(endpoints: list[str], tokens: list[str], turns: int, profile: str) -> Load:
     """One conversation per endpoint, all at once, each `turns` calls with a growing history."""
     latencies: list[float] = []
+    windows: list[tuple[float, float]] = []
     connector = aiohttp.TCPConnector(limit=0)
 
     async def conversation(h: aiohttp.ClientSession, endpoint: str, token: str, k: int) -> None:
@@ -199,21 +293,64 @@ async def drive(endpoints: list[str], tokens: list[str], turns: int) -> Load:
                 data = await r.json()
                 if r.status != 200:
                     raise SystemExit(f"benchmark request failed: {r.status} {data}")
-            latencies.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            latencies.append(t1 - t0)
+            windows.append((t0, t1))
             message = data["choices"][0]["message"]
             calls = message.get("tool_calls") or []
             messages.append({"role": "assistant", "content": message.get("content") or "",
                              "tool_calls": calls})
-            for tc in calls:  # the harness runs the tool and sends its output back
-                messages.append({"role": "tool", "tool_call_id": tc["id"],
-                                 "content": f"step {turn}: 12 passed, {turn} warnings\n" * 4})
+            if profile == "tools" or calls:  # the harness runs the tool, sends its output
+                for tc in calls:
+                    messages.append({"role": "tool", "tool_call_id": tc["id"],
+                                     "content": f"step {turn}: 12 passed, {turn} warnings\n" * 4})
+            else:  # the user reads the answer and writes again
+                messages.append({"role": "user", "content":
+                                 f"Thanks. Now step {turn}: also cover the edge case {turn}."})
 
     async with aiohttp.ClientSession(connector=connector) as h:
         t0 = time.perf_counter()
         await asyncio.gather(*(conversation(h, e, t, k)
                                for k, (e, t) in enumerate(zip(endpoints, tokens, strict=True))))
         wall = time.perf_counter() - t0
-    return Load(latencies, wall, len(latencies))
+    return Load(latencies, wall, len(latencies), windows)
+
+
+def run_big_sender(url: str, token: str) -> None:
+    """Post 10 MB chat bodies back to back until stdin closes; print how many were sent.
+    (Its own process: sending them must not slow down the load generator's loop.)"""
+    big = json.dumps({"model": "policy", "max_tokens": 16, "messages": [
+        {"role": "user", "content": "hello world, this is some text. " * (STALL_BODY_BYTES // 32)}]
+    }).encode()
+
+    async def send() -> int:
+        loop = asyncio.get_running_loop()
+        done = loop.run_in_executor(None, sys.stdin.read)
+        sent = 0
+        async with aiohttp.ClientSession() as h:
+            while not done.done():
+                async with h.post(f"{url}/v1/chat/completions", data=big, headers={
+                        "Authorization": f"Bearer {token}",
+                        "content-type": "application/json"}) as r:
+                    await r.read()
+                    sent += 1
+        return sent
+
+    print(asyncio.run(send()), flush=True)
+
+
+async def drive_with_big_bodies(url: str, sessions: list[dict[str, str]], big_token: str,
+                                turns: int) -> tuple[Load, int]:
+    """`drive` while another process sends 10 MB bodies back to back; how many it sent."""
+    sender = subprocess.Popen([sys.executable, __file__, "--big-sender", url, big_token],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    await asyncio.sleep(1.0)  # the sender is running (its first body on the way)
+    try:
+        load = await drive([f"{url}/v1/chat/completions"] * len(sessions),
+                           [s["token"] for s in sessions], turns, "tools")
+    finally:
+        out, _ = await asyncio.to_thread(sender.communicate, b"", 120)
+    return load, int(out.strip() or 0)
 
 
 class Profiler:
@@ -244,15 +381,80 @@ class Profiler:
             print(f"profile written to {self.path}")
 
 
-def cpu_s(process: subprocess.Popen[bytes]) -> float:
-    t = psutil.Process(process.pid).cpu_times()
-    return t.user + t.system
-
-
 async def health(url: str) -> dict[str, Any]:
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as h:
         async with h.get(f"{url}/admin/health") as r:
             return dict(await r.json())
+
+
+def merge_rate(store: Path) -> float:
+    """Recorded calls per training sample (1.0: every call its own sample)."""
+    from openforge.store import Store
+    from openforge.trajectory import run_metrics
+
+    s = Store(store)
+    try:
+        m = run_metrics(s)
+        return m.calls_used / m.samples if m.samples else 0.0
+    finally:
+        s.close()
+
+
+@dataclass
+class Phase:
+    name: str
+    load: Load
+    cpu_ms: float  # CPU of the serving process(es) per call
+    rss: list[float]
+    merge: float | None = None
+
+    def line(self, baseline_ms: float) -> str:
+        merge = f"{self.merge:5.1f}" if self.merge is not None else "    -"
+        rss = "+".join(f"{r:.0f}" for r in self.rss)
+        return (f"  {self.name:<24} {self.load.calls:6d} {self.cpu_ms:8.2f} "
+                f"{self.cpu_ms / baseline_ms:6.2f} {self.load.p50_ms:8.1f} {self.load.p99_ms:8.1f} "
+                f"{rss:>9} {merge}")
+
+
+async def gateway_phase(name: str, tmp: Path, standin_url: str, profile: str, n: int,
+                        turns: int, prefix: str | None, policy: str = "append",
+                        workers: int = 1) -> tuple[Phase, list[dict[str, str]], str]:
+    store = tmp / f"{name.replace(' ', '-')}.sqlite"
+    gw, url = start_gateway(store, standin_url, profile, policy, workers)
+    try:
+        sessions = await open_sessions(url, n)
+        await asyncio.sleep(0.5)  # let start-up work (gc, imports) settle
+        procs = tree(gw)
+        with Profiler(prefix, name.replace(" ", "-"), procs[-1].pid):
+            cpu0 = cpu_s(procs)
+            load = await drive([f"{s['base_url']}/chat/completions" for s in sessions],
+                               [s["token"] for s in sessions], turns, profile)
+            used = cpu_s(procs) - cpu0
+        rss = rss_mb(procs[1:] if workers > 1 else procs)
+        checks = await worker_checks(sessions, workers) if workers > 1 else ""
+    finally:
+        stop(gw)
+    phase = Phase(name, load, used * 1000 / load.calls, rss, merge_rate(store))
+    return phase, sessions, checks
+
+
+async def worker_checks(sessions: list[dict[str, str]], workers: int) -> str:
+    """Every session cached by the worker its base URL names, and refused by the others."""
+    roots = sorted({s["base_url"].split("/s/")[0] for s in sessions})
+    cached = [(await health(root))["open_sessions_cached"] for root in roots]
+    crossed = 0
+    async with aiohttp.ClientSession() as h:
+        for s in sessions:
+            own = s["base_url"].split("/s/")[0]
+            for root in roots:
+                if root == own:
+                    continue
+                async with h.post(f"{root}/s/{s['token']}/v1/chat/completions", json={
+                        "model": "m", "messages": [{"role": "user", "content": "hi"}]}) as r:
+                    crossed += r.status != 421
+    ok = sum(cached) == len(sessions) and crossed == 0 and len(roots) == workers
+    return (f"sessions per worker {cached} (of {len(sessions)}), requests served by a "
+            f"foreign worker {crossed}: {'never crossed' if ok else 'CROSSED'}")
 
 
 @dataclass
@@ -267,7 +469,111 @@ class Result:
 
     def line(self) -> str:
         verdict = "" if self.met is None else "met" if self.met else "NOT met"
-        return f"  {self.name:<34} {self.fmt.format(self.value):>9}   target {self.target:<9} {verdict}"
+        return f"  {self.name:<44} {self.fmt.format(self.value):>9}   target {self.target:<9} {verdict}"
+
+
+async def run(args: argparse.Namespace) -> None:
+    n, turns = args.sessions, args.turns
+    print(f"bench_gateway: {n} sessions x {turns} turns, engine latency {args.latency_ms:g} ms, "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+    standin, standin_url = start_helper("--standin", "--latency-ms", str(args.latency_ms))
+    passthrough, pass_url = start_helper("--passthrough", f"{standin_url}/v1/chat/completions")
+    phases: list[Phase] = []
+    try:
+        with TemporaryDirectory() as tmp_dir:
+            tmp = Path(tmp_dir)
+            direct = await drive([f"{standin_url}/v1/chat/completions"] * n, ["x"] * n, turns,
+                                 "tools")
+            procs = tree(passthrough)
+            cpu0 = cpu_s(procs)
+            through = await drive([f"{pass_url}/v1/chat/completions"] * n, ["x"] * n, turns,
+                                  "tools")
+            phases.append(Phase("pass-through (tools)", through,
+                                (cpu_s(procs) - cpu0) * 1000 / through.calls, rss_mb(procs)))
+            worker_report = "not run"
+            for name, profile, policy, workers in (
+                    ("tools", "tools", "append", 1), ("users", "users", "append", 1),
+                    ("users (exact policy)", "users", "exact", 1),
+                    ("tools x2 workers", "tools", "append", 2)):
+                if args.only and name not in args.only:
+                    continue
+                phase, sessions, checks = await gateway_phase(
+                    name, tmp, standin_url, profile, n, turns, args.profile, policy, workers)
+                phases.append(phase)
+                if checks:
+                    worker_report = checks
+            stall = ("not run", 0.0)
+            if not args.only or "stall" in args.only:
+                stall = await stall_phase(tmp, standin_url, min(n, 16), max(turns // 2, 3))
+    finally:
+        stop(passthrough)
+        stop(standin)
+
+    baseline = phases[0].cpu_ms
+    print(f"\ndirect to stand-in      : {direct.calls} calls, p50 {direct.p50_ms:.1f} ms, "
+          f"{direct.rps:.0f} calls/s")
+    print("  phase                     calls  CPU ms  ratio   p50 ms   p99 ms   RSS MB  "
+          "calls/sample")
+    for phase in phases:
+        print(phase.line(baseline))
+    print(f"  workers: {worker_report}")
+    print(f"  stall: {stall[0]}")
+    if args.only:
+        return
+    by = {p.name: p for p in phases}
+    one, two = by["tools"], by["tools x2 workers"]
+    per_cpu_1, per_cpu_2 = 1000 / one.cpu_ms, 1000 / two.cpu_ms
+    results = [
+        Result("CPU ms per call, tool-call turns", one.cpu_ms, "<= 1.0", one.cpu_ms <= 1.0,
+               "{:.2f}"),
+        Result("CPU ms per call, user-message turns", by["users"].cpu_ms, "<= 1.0",
+               by["users"].cpu_ms <= 1.0, "{:.2f}"),
+        Result("CPU ms per call, user turns, exact policy", by["users (exact policy)"].cpu_ms,
+               "-", None, "{:.2f}"),
+        Result("RSS MB, one worker (max of phases)",
+               max(max(p.rss) for p in phases[1:] if len(p.rss) == 1), "<= 250",
+               max(max(p.rss) for p in phases[1:] if len(p.rss) == 1) <= 250, "{:.0f}"),
+        Result("calls per CPU-second, 2 workers / 1", per_cpu_2 / per_cpu_1, ">= 0.90",
+               per_cpu_2 / per_cpu_1 >= 0.90),
+        Result("sessions crossing workers", 0 if "never crossed" in worker_report else 1, "0",
+               "never crossed" in worker_report, "{:.0f}"),
+        Result("stall: p99 of others, extra ms", stall[1], "<= 50", stall[1] <= 50, "{:.1f}"),
+        Result("merge rate (calls/sample), tools", one.merge or 0, "-", None, "{:.1f}"),
+        Result("merge rate (calls/sample), users", by["users"].merge or 0, "-", None, "{:.1f}"),
+    ]
+    print(f"summary ({n} sessions x {turns} turns; one run on this machine, load average "
+          f"{os.getloadavg()[0]:.1f} at the end):")
+    for r in results:
+        print(r.line())
+    print("  (CPU ms per call is the figure that transfers between machines; the ratio is to "
+          "the bare pass-through measured in this run)")
+
+
+async def stall_phase(tmp: Path, standin_url: str, n: int, turns: int,
+                      rounds: int = 3) -> tuple[str, float]:
+    """Others' tool turns alone and while 10 MB bodies arrive, `rounds` times each in
+    turn (so both see the same machine): the difference of their p99 latencies."""
+    gw, url = start_gateway(tmp / "stall.sqlite", standin_url, "tools")
+    alone, during = Load([], 0.0, 0), Load([], 0.0, 0)
+    sent = 0
+    try:
+        big = (await open_sessions(url, 1))[0]
+        for _ in range(rounds):
+            a = await drive([f"{url}/v1/chat/completions"] * n,
+                            [s["token"] for s in await open_sessions(url, n)], turns, "tools")
+            d, k = await drive_with_big_bodies(url, await open_sessions(url, n), big["token"],
+                                               turns)
+            alone.latencies += a.latencies
+            during.latencies += d.latencies
+            sent += k
+        rss = max(rss_mb(tree(gw)))
+    finally:
+        stop(gw)
+    extra = during.p99_ms - alone.p99_ms
+    return (f"{len(alone.latencies)} calls alone: p50 {alone.p50_ms:.1f} ms, p99 "
+            f"{alone.p99_ms:.1f} ms; {len(during.latencies)} calls while {sent} bodies of "
+            f"{STALL_BODY_BYTES >> 20} MB arrived: p50 {during.p50_ms:.1f} ms, p99 "
+            f"{during.p99_ms:.1f} ms; RSS afterwards {rss:.0f} MB", extra)
 
 
 def main() -> None:
@@ -278,85 +584,29 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--profile", metavar="PREFIX",
                         help="record the gateway with py-spy during each phase "
-                             "(PREFIX.overhead.txt, PREFIX.instant.txt; collapsed stacks)")
+                             "(PREFIX.PHASE.txt; collapsed stacks)")
+    parser.add_argument("--only", action="append", metavar="PHASE",
+                        help="run only this phase (repeatable): tools, users, "
+                             "'users (exact policy)', 'tools x2 workers', stall")
     parser.add_argument("--standin", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--passthrough", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--big-sender", help=argparse.SUPPRESS)
+    parser.add_argument("upstream", nargs="?", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.standin:
         run_standin(args.standin, args.latency_ms / 1000)
+        return
+    if args.passthrough:
+        run_passthrough(args.passthrough, args.upstream)
+        return
+    if args.big_sender:
+        run_big_sender(args.big_sender, args.upstream)
         return
     if args.profile and shutil.which("py-spy") is None:
         raise SystemExit("--profile needs py-spy on PATH: pip install py-spy")
     if args.quick:
         args.sessions, args.turns = 16, 5
-    n, turns = args.sessions, args.turns
-    print(f"bench_gateway: {n} sessions x {turns} turns, engine latency {args.latency_ms:g} ms, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
-
-    standin, standin_url = start_standin(args.latency_ms / 1000)
-    with TemporaryDirectory() as tmp:
-        try:
-            # 1. direct to the stand-in, then through the gateway to the same stand-in.
-            direct = asyncio.run(drive([f"{standin_url}/v1/chat/completions"] * n,
-                                       ["x"] * n, turns))
-            gw, gw_url = start_gateway(Path(tmp) / "overhead.sqlite", [
-                "--engine", "vllm", "--option", f"url={standin_url}"])
-            try:
-                tokens = asyncio.run(open_sessions(gw_url, n))
-                with Profiler(args.profile, "overhead", gw.pid):
-                    cpu0 = cpu_s(gw)
-                    through = asyncio.run(drive([f"{gw_url}/v1/chat/completions"] * n, tokens,
-                                                turns))
-                    gw_cpu_ms = (cpu_s(gw) - cpu0) * 1000 / through.calls
-                stats = asyncio.run(health(gw_url))
-                rss_mb = psutil.Process(gw.pid).memory_info().rss / 2**20
-            finally:
-                stop(gw)
-        finally:
-            stop(standin)
-
-        print(f"direct to stand-in : p50 {direct.p50_ms:7.1f} ms   {direct.rps:7.1f} calls/s")
-        print(f"through gateway    : p50 {through.p50_ms:7.1f} ms   {through.rps:7.1f} calls/s   "
-              f"gateway CPU {gw_cpu_ms:.2f} ms/call   RSS {rss_mb:.0f} MB")
-        tokens_cached = max(1, stats["cached_tokens"])
-        bytes_per_token = stats["cached_token_bytes"] / tokens_cached
-        print(f"token cache        : {stats['cached_tokens']} tokens in "
-              f"{stats['open_sessions_cached']} sessions")
-
-        # 2. an instant engine: how many calls the gateway records per CPU-second.
-        gw, gw_url = start_gateway(Path(tmp) / "instant.sqlite", [
-            "--engine", "scripted", "--option",
-            f'replies=[{{"tool_calls": [{{"name": "shell", "arguments": {json.dumps(TOOL_ARGS)}}}]}}]'])
-        try:
-            tokens = asyncio.run(open_sessions(gw_url, n))
-            with Profiler(args.profile, "instant", gw.pid):
-                cpu0 = cpu_s(gw)
-                instant = asyncio.run(drive([f"{gw_url}/v1/chat/completions"] * n, tokens, turns))
-                used = cpu_s(gw) - cpu0
-        finally:
-            stop(gw)
-        print(f"instant engine     : {instant.rps:7.1f} calls/s wall, gateway CPU "
-              f"{used * 1000 / instant.calls:.2f} ms/call")
-
-    latency_ratio = through.p50_ms / direct.p50_ms
-    throughput_ratio = through.rps / direct.rps
-    per_cpu_s = instant.calls / used
-    results = [
-        Result("p50 latency ratio (20 ms engine)", latency_ratio, "<= 1.10", latency_ratio <= 1.10),
-        Result("throughput ratio (20 ms engine)", throughput_ratio, ">= 0.90",
-               throughput_ratio >= 0.90),
-        Result("gateway CPU ms per call (20 ms)", gw_cpu_ms, "-", None, "{:.2f}"),
-        Result("gateway CPU ms per call (instant)", used * 1000 / instant.calls, "-", None,
-               "{:.2f}"),
-        Result("recorded calls per CPU-second", per_cpu_s, ">= 500", per_cpu_s >= 500, "{:.0f}"),
-        Result("token cache bytes per token", bytes_per_token, "<= 8", bytes_per_token <= 8,
-               "{:.2f}"),
-    ]
-    print(f"summary ({n} sessions x {turns} turns; ratios from one run on this machine, "
-          f"load average {os.getloadavg()[0]:.1f} at the end):")
-    for r in results:
-        print(r.line())
-    print("  (the ratios depend on the cores that the load generator, the stand-in and the "
-          "gateway share; CPU ms per call is the figure that transfers between machines)")
+    asyncio.run(run(args))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from openforge.gateway.conversation import ChatRequest, Message, Tool, ToolCall
-from openforge.gateway.render import ModelBundle, load_model_bundle
+from openforge.gateway.model import ModelBundle, load_model_bundle
 
 SHELL_TOOL = Tool(
     name="shell", description="Run a shell command and return its output.",

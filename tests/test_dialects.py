@@ -871,7 +871,8 @@ def test_error_bodies_match_the_sdks(name: str) -> None:
 
 @pytest.mark.parametrize(("raw", "needle"), [
     (b"{not json", "not valid JSON"),
-    (b"", "not valid JSON"),
+    (b"", "body is empty"),
+    (b"[" + b"1" * 5000 + b"]", "not valid JSON"),  # beyond Python's integer digit limit
     (b"{\"a\": \"\xff\"}", "UTF-8"),
     (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
     (b'{"messages": "\\ud800"}', "surrogate"),

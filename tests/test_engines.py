@@ -13,6 +13,7 @@ from fixtures_model import SHELL_TOOL, chat, tiny_bundle  # noqa: F401
 from vllm_standin import VLLMStandIn
 
 from openforge.errors import OpenforgeError
+from openforge.gateway.branches import SessionTokens
 from openforge.gateway.conversation import Message
 from openforge.gateway.engines.base import (
     EngineConfigError,
@@ -23,7 +24,6 @@ from openforge.gateway.engines.base import (
 from openforge.gateway.engines.local import LocalEngine
 from openforge.gateway.engines.scripted import ScriptedEngine
 from openforge.gateway.engines.vllm import VLLMEngine
-from openforge.gateway.render import SessionTokens
 from openforge.types import SamplingParams
 
 
@@ -139,7 +139,7 @@ async def test_scripted_replies_by_turn(script_file, tiny_bundle):
     assert third.content == "There are 2 files."
     _, (other, _) = await _scripted_call(engine, tiny_bundle, [Message(role="user", content="hi")])
     assert other.content == "I don't know."
-    assert engine.log[-1].completion_ids == tiny_bundle.encode(
+    assert engine.log[-1].completion_ids == tiny_bundle.encode_prompt(
         "<think>\n\n</think>\n\nI don't know.<|im_end|>")
 
 
@@ -214,7 +214,7 @@ def vllm_server(tiny_bundle):
 
 @pytest.mark.parametrize("api", ["generate", "completions"])
 async def test_vllm_token_in_token_out(vllm_server, tiny_bundle, api):
-    engine = VLLMEngine(tiny_bundle, url=vllm_server.url, api=api)
+    engine = VLLMEngine(tiny_bundle, url=vllm_server.url, api=api, log_size=8)
     _, prompt = _prompt(tiny_bundle)
     sampling = SamplingParams(temperature=1.0, max_tokens=6, seed=3)
     try:

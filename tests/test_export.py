@@ -30,7 +30,7 @@ from openforge.export import (
     final_conversation,
     iter_rows,
 )
-from openforge.gateway.render import ModelBundle
+from openforge.gateway.model import ModelBundle
 from openforge.gateway.server import Gateway
 from openforge.store import Store
 from openforge.trajectory import build_samples

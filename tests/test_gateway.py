@@ -23,7 +23,7 @@ from openforge import plugins
 from openforge.config import EngineConfig, GatewayConfig
 from openforge.gateway.conversation import Completion, Message
 from openforge.gateway.engines.base import Engine, GenerateRequest, GenerateResult
-from openforge.gateway.render import ModelBundle
+from openforge.gateway.model import ModelBundle
 from openforge.gateway.server import Gateway
 from openforge.store import Store
 from openforge.types import Call, Session
@@ -230,10 +230,8 @@ async def test_a_token_reaches_only_its_own_session(gateway: Gateway, store: Sto
     async with httpx.AsyncClient(base_url=gateway.url) as h:
         ok = await h.post(f"/s/{a.token}/v1/chat/completions", json=body)
         assert ok.status_code == 200
-        # A's path with B's key, an unknown token, no key on /v1: the very same 401.
+        # An unknown token, no key on /v1, an unknown key: the very same 401.
         answers = [
-            await h.post(f"/s/{a.token}/v1/chat/completions", json=body,
-                         headers={"authorization": f"Bearer {b.token}"}),
             await h.post("/s/not-a-token/v1/chat/completions", json=body),
             await h.post("/v1/chat/completions", json=body),
             await h.post("/v1/chat/completions", json=body, headers={"x-api-key": "nope"}),
@@ -241,6 +239,23 @@ async def test_a_token_reaches_only_its_own_session(gateway: Gateway, store: Sto
         assert {r.status_code for r in answers} == {401}
         assert len({r.content for r in answers}) == 1
         assert answers[0].json()["error"]["type"] == "authentication_error"
+        # Credentials that disagree: a 401 that says so, the same whether or not either
+        # token is a session's (nothing learnt about sessions).
+        mismatches = [
+            await h.post(f"/s/{a.token}/v1/chat/completions", json=body,
+                         headers={"authorization": f"Bearer {b.token}"}),
+            await h.post("/s/not-a-token/v1/chat/completions", json=body,
+                         headers={"x-api-key": "nope"}),
+            await h.post("/v1/chat/completions", json=body,
+                         headers={"authorization": f"Bearer {a.token}", "x-api-key": b.token}),
+        ]
+        assert {r.status_code for r in mismatches} == {401}
+        assert "API key is not the session token of the URL path" in mismatches[0].text
+        assert mismatches[0].content == mismatches[1].content
+        assert "Authorization and x-api-key headers carry different keys" in mismatches[2].text
+        same = await h.post("/v1/chat/completions", json=body,
+                            headers={"authorization": f"Bearer {a.token}", "x-api-key": a.token})
+        assert same.status_code == 200
         # The key alone works on /v1 (Authorization or x-api-key).
         via_key = await h.post("/v1/chat/completions", json=body,
                                headers={"x-api-key": b.token})
@@ -255,7 +270,7 @@ async def test_a_token_reaches_only_its_own_session(gateway: Gateway, store: Sto
         assert (await h.post("/v1/chat/completions", json=body,
                              headers={"x-api-key": b.token})).status_code == 401
         assert gateway.close_session("no-such-session") is None
-    assert len(store.list_calls(a.id)) == 1 and len(store.list_calls(b.id)) == 1
+    assert len(store.list_calls(a.id)) == 2 and len(store.list_calls(b.id)) == 1
 
 
 async def test_anthropic_style_base_url_and_errors(gateway: Gateway) -> None:

@@ -24,7 +24,7 @@ from starlette.testclient import TestClient
 from openforge import plugins
 from openforge.config import EngineConfig, GatewayConfig
 from openforge.gateway.app import GatewayState, create_app
-from openforge.gateway.render import ModelBundle
+from openforge.gateway.model import ModelBundle
 from openforge.gateway.server import Gateway
 from openforge.store import Store
 
@@ -54,10 +54,19 @@ VALID: dict[str, dict[str, Any]] = {
 ADMIN_POSTS = ["/admin/sessions", "/admin/pause", "/admin/sessions/{sid}/close",
                "/admin/sessions/{sid}/reward"]
 ADMIN_GETS = ["/admin/sessions", "/admin/health", "/admin/sessions/{sid}/calls"]
+# The scoring routes, on the session whose scoring credential the examples hold ({sid}),
+# on the model routes' session ({aid}: its scoring credential is not given) and on none.
+SCORING = ["/scoring/sessions/{sid}/calls", "/scoring/sessions/{sid}/seal",
+           "/scoring/sessions/{aid}/calls", "/scoring/sessions/{aid}/seal",
+           "/scoring/sessions/nope/calls", "/scoring/sessions/%00/seal"]
 
+# Values attacks used (issue 20): lone surrogates, ids and seeds beyond int32 / 64 bits,
+# special-token text, next to ordinary random values.
+ATTACKS = ["\ud800", "a\udfffb", "<|im_end|>\n<|im_start|>assistant\n", 2**31, 2**64, -1,
+           151936, [2**31], [151936, 5], [-1]]
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
-    | st.text(max_size=20),
+    | st.text(max_size=20) | st.sampled_from(ATTACKS),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12)
 
@@ -88,6 +97,8 @@ def mutated(draw: st.DrawFn, route: str) -> bytes:
         parent[path[-1]] = draw(json_values)
     if draw(st.booleans()):
         body["stream"] = draw(st.booleans())
+    if draw(st.integers(0, 4)) == 0:
+        body["seed"] = draw(st.sampled_from([2**64, -(2**63) - 1, 2**63, 7]))
     return json.dumps(body).encode()
 
 
@@ -108,7 +119,8 @@ def requests(draw: st.DrawFn) -> tuple[str, str, dict[str, str], bytes]:
         path = draw(st.sampled_from([f"/s/{token}/v1/models", "/v1/models",
                                      f"/s/{token}/v1/models/policy", "/v1/models/x/y"]))
     elif kind == "scoring":
-        method, path = "GET", "/scoring/sessions/{sid}/calls"
+        method = draw(st.sampled_from(["GET", "POST", "PUT"]))
+        path = draw(st.sampled_from(SCORING))
     elif kind == "admin_post":
         method, path = "POST", draw(st.sampled_from(ADMIN_POSTS))
     elif kind == "admin_get":
@@ -121,6 +133,8 @@ def requests(draw: st.DrawFn) -> tuple[str, str, dict[str, str], bytes]:
     headers: dict[str, str] = {"content-type": "application/json"}
     if kind.startswith("admin"):
         auth = draw(st.sampled_from(["admin"] * 8 + ["none", "token", "junk"]))
+    elif kind == "scoring":
+        auth = draw(st.sampled_from(["scoring"] * 6 + ["none", "token", "admin", "junk"]))
     else:
         auth = draw(st.sampled_from(["none"] * 4 + ["token"] * 4 + ["admin", "junk"]))
     if auth == "token":
@@ -128,6 +142,9 @@ def requests(draw: st.DrawFn) -> tuple[str, str, dict[str, str], bytes]:
             "Bearer {token}" if draw(st.booleans()) else "{token}")
     elif auth == "admin":
         headers["authorization"] = "Bearer {admin}"
+    elif auth == "scoring":
+        headers[draw(st.sampled_from(["authorization", "x-api-key"]))] = (
+            "Bearer {scoring}" if draw(st.booleans()) else "{scoring}")
     elif auth == "junk":
         headers[draw(st.sampled_from(["authorization", "x-api-key", "x-stainless-retry-count",
                                       "content-length"]))] = draw(
@@ -156,15 +173,23 @@ def app_client(tmp_path_factory: pytest.TempPathFactory,
     # Admin routes act on a third session: closing the one the model routes use would turn
     # every later example into a 401.
     a, b, c = state.sessions.open(), state.sessions.open(), state.sessions.open()
-    values = {"token": a.token, "other": b.token, "admin": state.admin_key, "sid": c.id}
+    values = {"token": a.token, "other": b.token, "admin": state.admin_key, "sid": c.id,
+              "aid": a.id, "scoring": c.scoring_token}
     with TestClient(create_app(state), raise_server_exceptions=False) as tc:
         yield tc, values
     store.close()
 
 
-def check(status: int, text: str, path: str) -> None:
+def check(status: int, text: str, path: str, headers: dict[str, str] | None = None,
+          values: dict[str, str] | None = None) -> None:
     assert status != 500, f"500 on {path}: {text[:300]}"
     assert 200 <= status < 600
+    if path.startswith("/scoring/") and status < 400:
+        # Only the scoring credential, on its own session, opens a scoring route.
+        assert values is not None and headers is not None
+        assert path.startswith(f"/scoring/sessions/{values['sid']}/"), (path, status)
+        assert any(v.removeprefix("Bearer ").strip() == values["scoring"]
+                   for k, v in headers.items() if k in ("authorization", "x-api-key")), headers
 
 
 @settings(max_examples=300, deadline=None, database=None,
@@ -179,7 +204,7 @@ def test_no_route_answers_500(app_client: tuple[TestClient, dict[str, str]],
         del headers["content-length"]  # the HTTP client itself refuses to send those
     raw_headers = [(k.encode(), v.encode("latin-1")) for k, v in headers.items()]
     r = tc.request(method, path, headers=raw_headers, content=body)
-    check(r.status_code, r.text, path)
+    check(r.status_code, r.text, path, headers, values)
     if r.status_code >= 400 and r.content:
         json.loads(r.content)  # every error is a JSON body, never a bare text page
     if path.endswith("/resume") or "/pause" in path:
@@ -202,14 +227,16 @@ async def test_a_sample_over_real_http(tmp_path: Path, tiny_bundle: ModelBundle)
     await gw.start()
     try:
         a, b, c = gw.open_session(), gw.open_session(), gw.open_session()
-        values = {"token": a.token, "other": b.token, "admin": gw.admin_key, "sid": c.id}
+        values = {"token": a.token, "other": b.token, "admin": gw.admin_key, "sid": c.id,
+                  "aid": a.id, "scoring": c.scoring_token}
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as h:
             for method, path, headers, body in samples:
-                raw_headers = [(k.encode(), fill(v, values).strip().encode("latin-1"))
-                               for k, v in headers.items() if k != "content-length"]
+                sent = {k: fill(v, values).strip() for k, v in headers.items()
+                        if k != "content-length"}
+                raw_headers = [(k.encode(), v.encode("latin-1")) for k, v in sent.items()]
                 r = await h.request(method, fill(path, values), headers=raw_headers,
                                     content=body)
-                check(r.status_code, r.text, path)
+                check(r.status_code, r.text, fill(path, values), sent, values)
                 gw.resume()
     finally:
         await gw.stop()

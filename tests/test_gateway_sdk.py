@@ -22,7 +22,7 @@ from fixtures_model import tiny_bundle  # noqa: F401  (pytest fixture)
 from openforge import plugins
 from openforge.config import EngineConfig, GatewayConfig
 from openforge.gateway.engines.base import Engine
-from openforge.gateway.render import ModelBundle
+from openforge.gateway.model import ModelBundle
 from openforge.gateway.server import Gateway
 from openforge.store import Store
 from openforge.types import Session

@@ -30,7 +30,7 @@ from PIL import Image
 from openforge import plugins
 from openforge.config import EngineConfig, GatewayConfig
 from openforge.export import export_run
-from openforge.gateway.render import ModelBundle, load_model_bundle
+from openforge.gateway.model import ModelBundle, load_model_bundle
 from openforge.gateway.server import Gateway
 from openforge.store import Store
 from openforge.types import Call, Session

@@ -23,14 +23,14 @@ from openforge_openclaw.config import build_config, provider_base_url  # noqa: E
 from openforge_openclaw.envelope import model_requests, parse_envelope, to_output  # noqa: E402
 
 from openforge.errors import OpenforgeError  # noqa: E402
-from openforge.gateway.conversation import ChatRequest, Message, Tool, ToolCall  # noqa: E402
-from openforge.gateway.render import (  # noqa: E402
+from openforge.gateway.branches import (  # noqa: E402
     BRANCH_HISTORY_REWRITTEN,
     BRANCH_TRANSIENT_CONTEXT,
-    ModelBundle,
     SessionTokens,
-    assistant_turn_ids,
 )
+from openforge.gateway.conversation import ChatRequest, Message, Tool, ToolCall  # noqa: E402
+from openforge.gateway.model import ModelBundle  # noqa: E402
+from openforge.gateway.render import assistant_turn_ids  # noqa: E402
 from openforge.harness import (  # noqa: E402
     HarnessContext,
     HarnessMissingError,

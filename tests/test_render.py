@@ -10,19 +10,18 @@ import sys
 
 from fixtures_model import SHELL_TOOL, chat, shell_call, tiny_bundle  # noqa: F401
 
-from openforge.gateway.conversation import Message, ToolCall
-from openforge.gateway.render import (
+from openforge.gateway.branches import (
     BRANCH_CONCURRENT,
     BRANCH_HISTORY_REWRITTEN,
     BRANCH_NEW_CONVERSATION,
     BRANCH_RETRY,
     BRANCH_SIDE_CALL,
     BRANCH_TEMPLATE_REWRITE,
-    ModelBundle,
     SessionTokens,
-    assistant_turn_ids,
-    load_model_bundle,
 )
+from openforge.gateway.conversation import Message, ToolCall
+from openforge.gateway.model import ModelBundle, load_model_bundle
+from openforge.gateway.render import assistant_turn_ids
 
 SYSTEM = Message(role="system", content="You are a coding agent.")
 USER = Message(role="user", content="Count the lines of every file.")
@@ -95,9 +94,9 @@ def test_bridge_equals_full_render_when_the_harness_echoes_verbatim(tiny_bundle)
 def test_fast_tokenizer_renders_the_same_ids_as_transformers(tiny_bundle):
     from renderers import Qwen3RendererConfig, create_renderer
 
-    from openforge.gateway.render import _CHECK_CONVERSATIONS
+    from openforge.gateway.template_check import _CHECK_CONVERSATIONS
 
-    hf = tiny_bundle.tokenizer._hf
+    hf = tiny_bundle.tokenizer.hf
     reference = create_renderer(hf, Qwen3RendererConfig())
     for _, tools, messages in _CHECK_CONVERSATIONS:
         specs = [t.to_renderer() for t in tools] or None
@@ -105,11 +104,14 @@ def test_fast_tokenizer_renders_the_same_ids_as_transformers(tiny_bundle):
         for k in range(1, len(dicts) + 1):
             assert tiny_bundle.renderer.render_ids(dicts[:k], tools=specs, add_generation_prompt=True) \
                 == reference.render_ids(dicts[:k], tools=specs, add_generation_prompt=True)
-    text = "héllo <tool_call>\n{\"a\": 1}</tool_call><|im_end|>  wörld\n\n"
+    text = "héllo <tool_call>\n{\"a\": 1}</tool_call>  wörld\n\n"
     assert tiny_bundle.tokenizer.encode(text) == hf.encode(text, add_special_tokens=False)
-    ids = hf.encode(text, add_special_tokens=False)
+    ids = hf.encode(text + "<|im_end|>", add_special_tokens=False)
     assert tiny_bundle.tokenizer.decode(ids) == hf.decode(ids, skip_special_tokens=False)
     assert len(tiny_bundle.tokenizer) == len(hf) and tiny_bundle.tokenizer.eos_token == "<|im_end|>"
+    # A raw completions prompt takes special-token text as control tokens, as transformers does.
+    raw = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n" + text
+    assert tiny_bundle.encode_prompt(raw) == hf.encode(raw, add_special_tokens=False)
 
 
 def test_rewritten_history_opens_exactly_one_branch(tiny_bundle):
@@ -184,26 +186,33 @@ def test_title_call_first_then_main_conversation(tiny_bundle):
 def test_new_user_turn_after_reasoning_is_a_template_rewrite(tiny_bundle):
     # Qwen3's template drops past reasoning at a new user query: the old ids cannot be
     # extended, and the session says why instead of corrupting the branch.
-    tokens = SessionTokens(tiny_bundle)
+    tokens = SessionTokens(tiny_bundle, "exact")
     reply = Message(role="assistant", reasoning="think hard", content="4")
     _, _, assistant, _ = _turn(tokens, tiny_bundle, [USER], reply, tools=())
     nxt = tokens.render(chat([USER, assistant, Message(role="user", content="and 3+3?")]))
     assert nxt.branch_reason == BRANCH_TEMPLATE_REWRITE
 
 
+def _user_turns_extend(tokens: SessionTokens, bundle: ModelBundle
+                       ) -> tuple[list[int], list[Message]]:
+    """Three user turns with reasoning; each prompt extends the last prompt + completion.
+    Returns the last prompt + completion and the conversation so far."""
+    messages = [USER]
+    previous: list[int] = []
+    for i in range(3):
+        reply = Message(role="assistant", reasoning=f"think {i}", content=str(i))
+        rendered, completion, assistant, _ = _turn(tokens, bundle, messages, reply, tools=())
+        if previous:
+            assert rendered.bridged and rendered.prompt_ids[:len(previous)] == previous
+        previous = rendered.prompt_ids + completion
+        messages = [*messages, assistant, Message(role="user", content=f"and {i}?")]
+    assert len(tokens.branches) == 1
+    return previous, messages
+
+
 def test_user_turns_bridge_with_thinking_retention_all():
     bundle = load_model_bundle("tiny", "qwen3", thinking_retention="all")
-    tokens = SessionTokens(bundle)
-    messages = [USER]
-    prev = None
-    for i in range(3):
-        reply = Message(role="assistant", reasoning=f"r{i}", content=str(i))
-        rendered, completion, assistant, _ = _turn(tokens, bundle, messages, reply, tools=())
-        if prev is not None:
-            assert rendered.bridged and rendered.prompt_ids[:len(prev)] == prev
-        prev = rendered.prompt_ids + completion
-        messages = [*messages, assistant, Message(role="user", content=f"next {i}")]
-    assert len(tokens.branches) == 1
+    _user_turns_extend(SessionTokens(bundle, "exact"), bundle)
 
 
 def test_concurrent_calls_on_one_branch_fork_on_commit(tiny_bundle):
@@ -213,9 +222,11 @@ def test_concurrent_calls_on_one_branch_fork_on_commit(tiny_bundle):
     a, b = tokens.render(req), tokens.render(req)
     reply = Message(role="assistant", content="ok")
     comp = assistant_turn_ids(tiny_bundle, messages, reply)
-    tokens.commit(req, a, comp, reply)
-    tokens.commit(req, b, comp, reply)
-    assert a.branch == 0 and (b.branch, b.branch_reason) == (1, BRANCH_CONCURRENT)
+    first = tokens.commit(req, a, comp, reply)
+    second = tokens.commit(req, b, comp, reply)
+    assert a.branch == b.branch == first.index == 0
+    assert (second.index, second.reason) == (1, BRANCH_CONCURRENT)
+    assert b.prompt_ids == a.prompt_ids and list(second.prompt) == b.prompt_ids
 
 
 def test_parse_of_a_rendered_tool_call_gives_the_call_back(tiny_bundle):
@@ -265,7 +276,7 @@ def test_memory_per_token(tiny_bundle):
 
 
 def test_check_template_reports(tiny_bundle, capsys):
-    from openforge.gateway.render import check_template
+    from openforge.gateway.template_check import check_template
 
     assert check_template("tiny") is False
     out = capsys.readouterr().out
@@ -297,7 +308,7 @@ def test_default_renderer_with_named_parsers():
     import pytest
 
     from openforge.errors import OpenforgeError
-    from openforge.gateway.render import _default_config
+    from openforge.gateway.model import _default_config
 
     config = _default_config("default:hermes:think")
     assert (config.name, config.tool_parser, config.reasoning_parser) == ("default", "qwen3", "think")
@@ -327,3 +338,59 @@ def test_parse_never_fails_on_garbage_ids(tiny_bundle):
                 [151645, 151645]):
         message, finish = tokens.parse(request, rendered.prompt_ids, ids)
         assert finish in ("stop", "tool_calls") and message.role == "assistant"
+
+
+def test_append_policy_keeps_one_branch_where_the_template_rewrites(tiny_bundle):
+    # The same conversation as the template-rewrite case above, under `append`: every id
+    # the policy sampled (reasoning included) stays in the next prompt; one branch.
+    tokens = SessionTokens(tiny_bundle, "append")
+    previous, messages = _user_turns_extend(tokens, tiny_bundle)
+    assert "think 0" in tiny_bundle.decode(previous)  # a fresh template render drops it
+    assert "think 0" not in tiny_bundle.decode(tokens._full_render(chat(messages[:-1])))
+
+
+def test_unknown_render_policy_is_refused(tiny_bundle):
+    import pytest
+
+    with pytest.raises(ValueError, match="render policy must be one of exact, append"):
+        SessionTokens(tiny_bundle, "merge")  # type: ignore[arg-type]
+
+
+def test_full_renders_tokenize_only_new_texts(tiny_bundle, monkeypatch):
+    # `exact` re-renders the whole history at each new user turn (Qwen3 rewrites earlier
+    # turns); the session's text cache means only the texts it has not seen get tokenized.
+    long_text = "the build log says: " + "compiling module, " * 20
+    seen: list[str] = []
+    rendering = [False]
+    original = type(tiny_bundle.tokenizer).encode_long
+
+    def counting(self, text):
+        if rendering[0]:
+            seen.append(text)
+        return original(self, text)
+
+    monkeypatch.setattr(type(tiny_bundle.tokenizer), "encode_long", counting)
+    tokens = SessionTokens(tiny_bundle, "exact")
+    render = tokens.render
+
+    def observed(request, *args):
+        rendering[0] = True
+        try:
+            return render(request, *args)
+        finally:
+            rendering[0] = False
+
+    monkeypatch.setattr(tokens, "render", observed)
+    messages = [SYSTEM, Message(role="user", content=long_text + "turn 0")]
+    for i in range(5):
+        reply = Message(role="assistant", reasoning="hm", content=f"answer {i} " + long_text)
+        before = len(seen)
+        rendered, _, assistant, _ = _turn(tokens, tiny_bundle, messages, reply, tools=())
+        if i:
+            assert rendered.branch_reason == BRANCH_TEMPLATE_REWRITE  # a full render...
+            new = seen[before:]
+            # ... that tokenized the new user turn and the last answer as history, not
+            # the earlier turns again.
+            assert len(new) == 2, new
+            assert f"turn {i}" in new[1] and f"answer {i - 1}" in new[0]
+        messages = [*messages, assistant, Message(role="user", content=long_text + f"turn {i + 1}")]

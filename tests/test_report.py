@@ -68,6 +68,8 @@ def test_write_report_from_a_run_dir(tmp_path: Path) -> None:
     # a: 1 of 2 passed; b: 0 of 1 scored (its timeout is excluded), so only a has pass@2
     assert data["pass_at_k"] == {"1": 0.25, "2": 1.0}
     assert len(data["attempts"]) == 4 and data["attempts"][2]["error"] == "killed"
+    assert data["trajectories"]["calls_per_sample"] == 1.0  # the merge rate
     html = html_path.read_text()
+    assert "1.00 calls per sample" in html
     assert "&lt;b&gt;make&lt;/b&gt;" in html and "<b>make</b>" not in html  # escaped
     assert "<svg" in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")

@@ -158,7 +158,7 @@ async def test_agent_loop_end_to_end_into_grpo_and_a_backward_pass(
 
     from openforge.builtin.demo import DemoEnvironment
     from openforge.gateway.engines.local import LocalEngine
-    from openforge.gateway.render import load_model_bundle
+    from openforge.gateway.model import load_model_bundle
     from openforge.tinymodel import ensure_tiny_model
     from openforge.training.verl import (
         AGENT_NAME,

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from openforge import plugins
 from openforge.config import EngineConfig, GatewayConfig
-from openforge.gateway.render import ModelBundle
+from openforge.gateway.model import ModelBundle
 from openforge.gateway.server import Gateway
 from openforge.store import Store
 from openforge.trajectory import (
@@ -227,6 +227,7 @@ def test_run_metrics_from_a_store(tmp_path: Path) -> None:
         assert (metrics.sessions, metrics.samples, metrics.failed_calls) == (2, 3, 1)
         assert metrics.samples_per_session == 1.5
         assert metrics.merged_calls == 2
+        assert metrics.calls_per_sample == 5 / 3  # the merge rate every report shows
         assert metrics.branches_opened == {SIDE_CALL: 1}
         assert metrics.exact_token_fraction == 3 / 5
         assert metrics.mean_generated_tokens_per_sample == 10 / 3  # 5 calls x 2 ids

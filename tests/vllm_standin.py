@@ -172,7 +172,7 @@ def _error(status: int, message: str) -> JSONResponse:
 
 if __name__ == "__main__":  # serve by hand: python -m tests.vllm_standin
     from openforge.gateway.engines.local import LocalEngine
-    from openforge.gateway.render import load_model_bundle
+    from openforge.gateway.model import load_model_bundle
 
     bundle = load_model_bundle("tiny")
     standin = VLLMStandIn(LocalEngine(bundle), bundle).start()

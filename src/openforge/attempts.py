@@ -156,7 +156,9 @@ class RolloutStack:
             run_id=run_id, rollout_id=rollout_id, attempt=attempt, task=task,
             harness=cfg.harness, harness_options=self.harness_options,
             environment=cfg.environment, environment_options=cfg.environment_options,
-            reward=cfg.reward, reward_options=cfg.reward_options, gateway_url=self.gateway.url,
+            reward=cfg.reward, reward_options=cfg.reward_options,
+            # The worker that serves the session (with gateway.workers > 1, one of several).
+            gateway_url=self.gateway.url_for(session),
             session_token=session.token, session_id=session.id,
             scoring_token=session.scoring_token, scoring_hash=session.scoring_hash,
             model=cfg.gateway.served_model_name, timeout_s=cfg.timeout_s)
@@ -238,8 +240,7 @@ class RolloutStack:
 
     def _close(self, session_id: str) -> None:
         """Close the session in the gateway (drops its token cache) or, failing that, in the store."""
-        sessions = getattr(getattr(self.gateway, "state", None), "sessions", None)
-        if sessions is not None and hasattr(sessions, "close"):
-            sessions.close(session_id)
+        if hasattr(self.gateway, "close_session"):
+            self.gateway.close_session(session_id)
         else:
             self.store.close_session(session_id)

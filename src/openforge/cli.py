@@ -173,6 +173,8 @@ def run(config_path: Path | None, overrides: tuple[str, ...], resume: Path | Non
 @click.option("--model", help="Model directory for the engine (default: the tiny model).")
 @click.option("--store", "store_path", type=click.Path(path_type=Path), default=Path("gateway.sqlite"),
               show_default=True, help="SQLite file the calls are recorded in.")
+@click.option("--workers", type=click.IntRange(1, 64),
+              help="Gateway processes, one core each (default 1); each session is served by one.")
 def serve(config_path: Path | None, overrides: tuple[str, ...], store_path: Path, **flags: Any) -> None:
     """Start the recording gateway on its own.
 
@@ -187,6 +189,7 @@ def serve(config_path: Path | None, overrides: tuple[str, ...], store_path: Path
     config = load_run_config(config_path, overrides, {
         "gateway.host": flags["host"], "gateway.port": flags["port"],
         "engine.name": flags["engine"], "engine.model": flags["model"],
+        "gateway.workers": flags["workers"],
     })
     serve_forever(config, store_path)
 
@@ -293,7 +296,7 @@ def new_plugin(name: str, target: Path | None) -> None:
 @click.option("--renderer", default="auto", show_default=True, help="Renderer config name.")
 def check_template(model: str, renderer: str) -> None:
     """Check that MODEL's chat template is append-only across turns; report where it is not."""
-    from openforge.gateway.render import check_template as run_check
+    from openforge.gateway.template_check import check_template as run_check
 
     ok = run_check(model, renderer)
     sys.exit(0 if ok else 1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import tomllib
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -54,6 +54,16 @@ class GatewayConfig(_Strict):
     # $OPENFORGE_IMAGE_ROOT). Data URLs are always accepted; http(s) images never fetched.
     image_root: Path | None = None
     max_image_bytes: int = Field(default=20 * 1024 * 1024, ge=1)
+    # A request body must arrive within this many seconds (408 otherwise).
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    # How a call that extends a session's conversation is rendered: "append" keeps every
+    # sampled id and appends the new messages (one sample per rollout); "exact" follows the
+    # chat template and opens a branch where it rewrites earlier turns (docs/internals.md).
+    render_policy: Literal["append", "exact"] = "append"
+    # Gateway processes (`openforge serve --workers N`); each session is served by one.
+    workers: int = Field(default=1, ge=1, le=64)
+    # The model's context window in tokens; None: the model's config.json says.
+    context_tokens: int | None = Field(default=None, ge=1)
 
 
 class RunConfig(_Strict):

@@ -83,6 +83,12 @@ class RunMetrics(BaseModel):
 
     @computed_field  # type: ignore[prop-decorator]
     @property
+    def calls_per_sample(self) -> float:
+        """The merge rate: used calls per training sample (1.0: no call merged)."""
+        return self.calls_used / self.samples if self.samples else 0.0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
     def mean_generated_tokens_per_sample(self) -> float:
         return self.generated_tokens / self.samples if self.samples else 0.0
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from openforge.environment import Environment
 from openforge.harness import Command, Harness, HarnessContext
-from openforge.types import RewardResult, Task
 from openforge.options import PluginOptions
+from openforge.types import RewardResult, Task
 
 
 class WaitOptions(PluginOptions):

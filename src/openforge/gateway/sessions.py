@@ -18,18 +18,26 @@ skipped with a warning; at worst the next request opens a new branch, never a wr
 
 Sessions stay cached until they are closed (through the admin API or `Gateway`); a
 session closed directly in the store by another process is only noticed on a cache miss.
+
+Workers: with `gateway.workers = N` each of N processes serves the sessions whose id hashes
+to its index (`worker_of`), so a session's calls, branch state and call indices live in one
+process; a request for another worker's session is refused (421), never served twice.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import logging
 import secrets
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from openforge.gateway.branches import RenderPolicy, SessionTokens
 from openforge.gateway.dialects.memo import HistoryMemo
-from openforge.gateway.render import ModelBundle, SessionTokens
+from openforge.gateway.model import ModelBundle
+from openforge.gateway.render import PromptError
 from openforge.store import Store, secret_hash
 from openforge.types import Call, SamplingParams, Session
 
@@ -45,6 +53,9 @@ class LiveSession:
     next_index: int = 0
     # The last request's parsed history: the next request reuses its unchanged prefix.
     memo: HistoryMemo = field(default_factory=HistoryMemo)
+    # Held while a call parses and renders (in a worker thread) and while it commits: the
+    # memo and the token cache see one call of the session at a time.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def take_index(self) -> int:
         """The index of the next recorded call (indices follow recording order)."""
@@ -53,15 +64,73 @@ class LiveSession:
         return index
 
 
+def worker_of(session_id: str, workers: int) -> int:
+    """The index of the gateway worker that serves `session_id` (of `workers`)."""
+    if workers <= 1:
+        return 0
+    digest = hashlib.sha256(session_id.encode()).digest()
+    return int.from_bytes(digest[:8], "little") % workers
+
+
+def new_session_id(worker: int = 0, workers: int = 1) -> str:
+    """A random session id that `worker_of` maps to `worker`."""
+    while True:
+        session_id = uuid.uuid4().hex
+        if worker_of(session_id, workers) == worker:
+            return session_id
+
+
+def least_loaded_worker(store: Store, workers: int) -> int:
+    """The worker serving the fewest open sessions (the store knows them all)."""
+    if workers <= 1:
+        return 0
+    counts = [0] * workers
+    for session_id in store.open_session_ids():
+        counts[worker_of(session_id, workers)] += 1
+    return counts.index(min(counts))
+
+
+def create_session(store: Store, *, worker: int = 0, workers: int = 1, model: str = "",
+                   run_id: str = "", rollout_id: str = "", task_id: str = "",
+                   sampling: SamplingParams | None = None,
+                   metadata: dict[str, Any] | None = None,
+                   weight_version: str | None = None) -> Session:
+    """A new open session in the store (committed), served by gateway worker `worker`."""
+    session = Session(
+        id=new_session_id(worker, workers),
+        # 32 random bytes: the token is the only credential a sandbox holds.
+        token=secrets.token_urlsafe(32),
+        # The trusted side's credential for reading this session's calls and sealing it.
+        scoring_token=secrets.token_urlsafe(32),
+        run_id=run_id, rollout_id=rollout_id, task_id=task_id, model=model,
+        sampling=sampling or SamplingParams(), weight_version=weight_version,
+        metadata=metadata or {},
+    )
+    # The store's copy carries the hashes (what the registry's cache is keyed by) and, in
+    # this returned object only, the credentials in clear.
+    return store.create_session(session)
+
+
+class MisdirectedSession(Exception):
+    """The token belongs to an open session that another gateway worker serves."""
+
+
 class SessionRegistry:
-    """Open sessions by token and by id, backed by the store."""
+    """Open sessions by token and by id, backed by the store.
+
+    `worker` / `workers`: this process serves only the sessions `worker_of` maps to
+    `worker` (a single gateway serves them all).
+    """
 
     def __init__(self, store: Store, bundle: ModelBundle, *, model_name: str = "",
-                 weight_version: str | None = None) -> None:
+                 weight_version: str | None = None, policy: RenderPolicy = "exact",
+                 worker: int = 0, workers: int = 1) -> None:
         self.store = store
         self.bundle = bundle
         self.model_name = model_name
         self.weight_version = weight_version
+        self.policy = policy
+        self.worker, self.workers = worker, workers
         self._by_token: dict[str, LiveSession] = {}
         self._by_id: dict[str, LiveSession] = {}
 
@@ -71,25 +140,22 @@ class SessionRegistry:
     def open(self, *, run_id: str = "", rollout_id: str = "", task_id: str = "",
              sampling: SamplingParams | None = None, metadata: dict[str, Any] | None = None,
              weight_version: str | None = None) -> Session:
-        """Create a session in the store (committed) and cache it."""
-        session = Session(
-            id=uuid.uuid4().hex,
-            # 32 random bytes: the token is the only credential a sandbox holds.
-            token=secrets.token_urlsafe(32),
-            # The trusted side's credential for reading this session's calls.
-            scoring_token=secrets.token_urlsafe(32),
-            run_id=run_id, rollout_id=rollout_id, task_id=task_id,
-            model=self.model_name,
-            sampling=sampling or SamplingParams(),
-            weight_version=weight_version or self.weight_version,
-            metadata=metadata or {},
-        )
-        stored = self.store.create_session(session)
-        self._cache(LiveSession(stored, SessionTokens(self.bundle)))
-        return stored
+        """Create a session in the store (committed), served by the least loaded worker;
+        cached here when that is this process."""
+        worker = least_loaded_worker(self.store, self.workers)
+        session = create_session(
+            self.store, worker=worker, workers=self.workers, model=self.model_name,
+            run_id=run_id, rollout_id=rollout_id, task_id=task_id, sampling=sampling,
+            metadata=metadata, weight_version=weight_version or self.weight_version)
+        if worker == self.worker:
+            self._cache(LiveSession(session, SessionTokens(self.bundle, self.policy)))
+        return session
 
     def by_token(self, token: str) -> LiveSession | None:
-        """The open session that `token` belongs to, or None (unknown or closed)."""
+        """The open session that `token` belongs to, or None (unknown or closed).
+
+        `MisdirectedSession` when another worker serves it.
+        """
         if not token:
             return None
         token_hash = secret_hash(token)
@@ -99,6 +165,8 @@ class SessionRegistry:
         session = self.store.get_session_by_token_hash(token_hash)
         if session is None or session.status != "open":
             return None
+        if worker_of(session.id, self.workers) != self.worker:
+            raise MisdirectedSession(session.id)
         return self._load(session)
 
     def by_id(self, session_id: str) -> LiveSession | None:
@@ -109,6 +177,8 @@ class SessionRegistry:
         session = self.store.get_session(session_id)
         if session is None or session.status != "open":
             return None
+        if worker_of(session.id, self.workers) != self.worker:
+            raise MisdirectedSession(session.id)
         return self._load(session)
 
     def close(self, session_id: str) -> Session | None:
@@ -133,8 +203,14 @@ class SessionRegistry:
         self._by_id[live.session.id] = live
         return live
 
+    def forget(self, session_id: str) -> None:
+        """Drop a session closed elsewhere (the store already says closed)."""
+        live = self._by_id.pop(session_id, None)
+        if live is not None:
+            self._by_token.pop(live.session.token_hash, None)
+
     def _load(self, session: Session) -> LiveSession:
-        tokens = SessionTokens(self.bundle)
+        tokens = SessionTokens(self.bundle, self.policy)
         next_index = self.store.next_call_index(session.id)
         live = LiveSession(session, tokens, next_index=next_index)
         if next_index > 0:
@@ -148,23 +224,27 @@ class SessionRegistry:
         same order as the first time, failed calls included) and each successful call is
         committed with its stored ids, which stay the exact ids the engine saw.
         """
+        from openforge.gateway.conversation import Completion
         from openforge.gateway.dialects import DIALECTS, DialectError
         from openforge.gateway.images import attach_stored_images
 
         replayed = 0
         for call in sorted(calls, key=lambda c: c.index):
             try:
-                request = DIALECTS[call.dialect].parse(call.request, memo=live.memo)
+                dialect = DIALECTS[call.dialect]
+                request = dialect.parse(call.request, memo=live.memo)
                 if call.images:
                     attach_stored_images(request, call.images, self.store)
                 rendered = live.tokens.render(request)
                 if call.status != "ok":
                     continue
-                rendered.prompt_ids = list(call.prompt_ids)
+                # The stored ids are the ones the engine saw: keep them, not the re-render.
+                rendered.prompt_ids, rendered.extends = list(call.prompt_ids), None
                 assistant, _ = live.tokens.parse(request, call.prompt_ids, call.completion_ids)
-                live.tokens.commit(request, rendered, list(call.completion_ids), assistant)
+                history = dialect.history_message(Completion(message=assistant))
+                live.tokens.commit(request, rendered, list(call.completion_ids), history)
                 replayed += 1
-            except (DialectError, KeyError, ValueError, IndexError) as exc:
+            except (DialectError, PromptError, KeyError, ValueError, IndexError) as exc:
                 log.warning("session %s: stored call %s not replayed (%s); a later request "
                             "may open a new branch", live.session.id, call.id, exc)
         log.info("session %s: rebuilt branch state from %d stored calls", live.session.id, replayed)

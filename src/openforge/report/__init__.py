@@ -420,7 +420,8 @@ def _trajectory_metrics_html(m: dict[str, Any] | None) -> str:
             f"sessions left out: {left or 'none'}. "
             f"{m['calls_recorded']} recorded calls ({m['failed_calls']} failed, "
             f"{m['retries_merged']} retries merged) became {m['samples']} samples over "
-            f"{m['sessions']} sessions ({m['samples_per_session']:.2f} per session); "
+            f"{m['sessions']} sessions ({m['samples_per_session']:.2f} per session, "
+            f"{m['calls_per_sample']:.2f} calls per sample); "
             f"{m['merged_calls']} calls merged into earlier turns; branches opened: "
             f"{branches or 'none'}; {m['mean_generated_tokens_per_sample']:.1f} generated tokens "
             f"per sample; exact token ids on {100 * m['exact_token_fraction']:.0f}% of calls.</p>")

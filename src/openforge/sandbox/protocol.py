@@ -23,6 +23,7 @@ writes it:
   | `OPENFORGE_TRUSTED_DIR` | a Pod's supervisor and verifier | the volume only the trusted containers mount (the supervisor's socket) |
   | `OPENFORGE_TERMINATION_LOG` | a Pod's verifier | where the kubelet reads the verifier's termination message (the result) |
   | `OPENFORGE_ADMIN_KEY` | `openforge serve` | the gateway's admin key (never on argv) |
+  | `OPENFORGE_GATEWAY_WORKER_SPEC` | a gateway worker process | its config and admin key, from the parent gateway (never on argv) |
   | `OPENFORGE_CACHE`, `OPENFORGE_NODE_BIN`, `OPENFORGE_CHROMIUM`, `OPENFORGE_DEBUG` | plugins | where programs are (passed through) |
 """
 
@@ -51,6 +52,8 @@ WORKSPACE_ENV = "OPENFORGE_WORKSPACE_DIR"
 AGENT_DIR_ENV = "OPENFORGE_AGENT_DIR"
 TRUSTED_DIR_ENV = "OPENFORGE_TRUSTED_DIR"
 TERMINATION_LOG_ENV = "OPENFORGE_TERMINATION_LOG"
+# A gateway worker process (openforge.gateway.workers): its config, from the parent.
+GATEWAY_WORKER_SPEC_ENV = "OPENFORGE_GATEWAY_WORKER_SPEC"
 
 # Exact names that reach a rollout; nothing else does.
 PASS_ENV: frozenset[str] = frozenset({

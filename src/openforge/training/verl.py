@@ -82,7 +82,7 @@ _SHARED_LOCKS: dict[int, asyncio.Lock] = {}
 async def shared_rollouts(config: RunConfig, client: Any, model_path: str,
                           work_dir: Path) -> _SharedRollouts:
     """The worker's gateway (started on first use); its engine uses `client`."""
-    from openforge.gateway.render import load_model_bundle
+    from openforge.gateway.model import load_model_bundle
     from openforge.gateway.server import Gateway
     from openforge.rollout import build_plugin
     from openforge.store import Store

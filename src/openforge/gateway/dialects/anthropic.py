@@ -223,6 +223,9 @@ class AnthropicDialect(Dialect):
     """Anthropic Messages."""
 
     name = "messages"
+    paths = ("/messages",)
+    id_prefix = "msg_"
+    count_tokens_path = "/messages/count_tokens"
 
     def parse(self, body: Any, *, memo: HistoryMemo | None = None) -> ChatRequest:
         body = require_object(body)
@@ -234,6 +237,14 @@ class AnthropicDialect(Dialect):
         """A count_tokens body: a Messages request without `max_tokens`."""
         return self._parse(require_object(body), None)
 
+    def count_tokens_response(self, input_tokens: int) -> dict[str, Any]:
+        return count_tokens_response(input_tokens)
+
+    def context_error(self, message: str, prompt_tokens: int, limit: int) -> dict[str, Any]:
+        # The wording of Anthropic's own error, which Claude Code matches to compact.
+        return self.error(400, f"prompt is too long: {prompt_tokens} tokens > {limit} maximum",
+                          "invalid_request_error")
+
     def _parse(self, body: dict[str, Any], memo: HistoryMemo | None) -> ChatRequest:
         model = opt_str(body, "model") or ""
         parsed = _messages(body, memo)
@@ -241,7 +252,9 @@ class AnthropicDialect(Dialect):
         tools = memo.reuse_tools(self.name, raw_tools) if memo else None
         if tools is None:
             tools = _tools(raw_tools)
-        request = ChatRequest(
+        # model_construct: every field is typed by the parser above; validating a long
+        # history again on every request would cost more than parsing its new items.
+        request = ChatRequest.model_construct(
             model=model,
             messages=parsed.messages,
             tools=tools,

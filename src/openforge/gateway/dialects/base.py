@@ -9,6 +9,12 @@ stream here is a finite iterator of byte frames in the exact order real provider
 Parsing follows one rule: reject what is malformed (a 4xx `DialectError` with a one-line
 message naming the field), ignore what is merely unknown (extra fields, tool types and
 content parts the policy cannot use), so unmodified harnesses keep working.
+
+Everything the gateway knows about a wire API lives in its dialect: the routes it is served
+on (`paths`), the shape of its response ids (`id_prefix`), how its errors look (including
+the context-overflow error harnesses react to by compacting), and how a response extends
+the conversation (`history_message`: the assistant message the client sends back in its
+next request). Adding a dialect is one file plus its entry in `DIALECTS`.
 """
 
 from __future__ import annotations
@@ -50,6 +56,13 @@ class Dialect(ABC):
     """One wire API: request parsing, response building, SSE framing, error bodies."""
 
     name: ClassVar[DialectName]
+    paths: ClassVar[tuple[str, ...]]
+    """The routes this dialect answers, under `/v1` (and `/s/{token}/v1`)."""
+    id_prefix: ClassVar[str]
+    """The provider's response-id shape (`chatcmpl-`, `msg_`...): clients that inspect ids
+    see familiar values."""
+    count_tokens_path: ClassVar[str | None] = None
+    """A route that counts a request's prompt tokens without generating, if the API has one."""
 
     @abstractmethod
     def parse(self, body: Any, *, memo: HistoryMemo | None = None) -> ChatRequest:
@@ -94,6 +107,31 @@ class Dialect(ABC):
     def error_stream_frame(self, status: int, message: str, error_type: str = "") -> bytes:
         """One SSE frame reporting an error after the stream has started."""
         return sse_data(self.error(status, message, error_type))
+
+    def context_error(self, message: str, prompt_tokens: int, limit: int) -> dict[str, Any]:
+        """The 400 body for a prompt beyond the context window, in the form this API's
+        clients recognise (OpenAI's `context_length_exceeded` code by default)."""
+        body = self.error(400, message, "invalid_request_error")
+        if isinstance(body.get("error"), dict):
+            body["error"]["code"] = "context_length_exceeded"
+        return body
+
+    def history_message(self, completion: Completion) -> Message:
+        """The assistant message a client sends back, in its next request's history, for
+        `completion` as this dialect answered it: how the response extends the conversation.
+
+        The token cache fingerprints it to recognise the next request as a continuation.
+        """
+        return completion.message
+
+    def parse_count_tokens(self, body: Any) -> ChatRequest:
+        """The request of a `count_tokens_path` body (dialects that have that route)."""
+        raise DialectError(f"the {self.name} API has no token-counting route", 404,
+                           "not_found_error")
+
+    def count_tokens_response(self, input_tokens: int) -> dict[str, Any]:
+        """The body answering a `count_tokens_path` request."""
+        return {"input_tokens": input_tokens}
 
 
 # --- SSE framing -------------------------------------------------------------------------
@@ -174,6 +212,8 @@ def load_json(raw: bytes) -> Any:
     Lone UTF-16 surrogates (legal as JSON escapes) are rejected here because no tokenizer
     or UTF-8 encoder downstream can take them.
     """
+    if not raw.strip():
+        raise DialectError("the request body is empty; send a JSON object")
     try:
         value = json.loads(raw)
     except UnicodeDecodeError:
@@ -183,7 +223,10 @@ def load_json(raw: bytes) -> Any:
                            f"{err.pos}") from None
     except RecursionError:
         raise DialectError("the request body is nested too deeply") from None
-    if _SURROGATE_ESCAPE.search(raw):
+    except ValueError as err:  # e.g. an integer literal beyond Python's digit limit
+        raise DialectError(f"the request body is not valid JSON: {err}") from None
+    # A fast scan first: the regex only when the body has a \uD... escape at all.
+    if (b"\\ud" in raw or b"\\uD" in raw) and _SURROGATE_ESCAPE.search(raw):
         try:
             json.dumps(value, ensure_ascii=False).encode()
         except UnicodeEncodeError:
@@ -352,6 +395,8 @@ def read_sampling(
             values["stop"] = stop
     seed = opt_int(body, "seed")
     if seed is not None:
+        if not -2**63 <= seed < 2**64:
+            raise DialectError("'seed' must be a 64-bit integer (-2^63 <= seed < 2^64)")
         values["seed"] = seed
     return SamplingParams(**values)
 

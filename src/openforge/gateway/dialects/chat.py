@@ -156,6 +156,8 @@ class ChatDialect(Dialect):
     """OpenAI chat completions."""
 
     name = "chat"
+    paths = ("/chat/completions",)
+    id_prefix = "chatcmpl-"
 
     def parse(self, body: Any, *, memo: HistoryMemo | None = None) -> ChatRequest:
         body = require_object(body)
@@ -179,7 +181,9 @@ class ChatDialect(Dialect):
         tools = memo.reuse_tools(self.name, raw_tools) if memo else None
         if tools is None:
             tools = read_tools(raw_tools)
-        request = ChatRequest(
+        # model_construct: every field is typed by the parser above; validating a long
+        # history again on every request would cost more than parsing its new items.
+        request = ChatRequest.model_construct(
             model=model,
             messages=messages,
             tools=tools,

@@ -71,6 +71,8 @@ class CompletionsDialect(Dialect):
     """OpenAI legacy text completions."""
 
     name = "completions"
+    paths = ("/completions",)
+    id_prefix = "cmpl-"
 
     def parse(self, body: Any, *, memo: HistoryMemo | None = None) -> ChatRequest:
         # A prompt is one text (or id list), not a history of items: nothing to reuse.
@@ -78,7 +80,7 @@ class CompletionsDialect(Dialect):
         text, ids = _read_prompt(body.get("prompt"))
         check_n(body)
         options = opt_object(body, "stream_options") or {}
-        return ChatRequest(
+        return ChatRequest.model_construct(
             model=opt_str(body, "model") or "",
             raw_prompt=text,
             raw_prompt_ids=ids,

@@ -79,6 +79,10 @@ class HistoryMemo:
         self.tools_print: int | None = None
         self.tools: list[Tool] | None = None
 
+    def clear(self) -> None:
+        """Forget the last request (it was refused: the next one should not build on it)."""
+        self.__init__()  # type: ignore[misc]
+
     def resume(self, dialect: str, items: Sequence[Any]) -> Resume:
         """The longest prefix of `items` identical to the last request's that ends at a
         complete boundary, with the messages it parsed to."""

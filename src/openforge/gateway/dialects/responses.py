@@ -274,6 +274,8 @@ class ResponsesDialect(Dialect):
     """OpenAI Responses."""
 
     name = "responses"
+    paths = ("/responses",)
+    id_prefix = "resp_"
 
     def parse(self, body: Any, *, memo: HistoryMemo | None = None) -> ChatRequest:
         body = require_object(body)
@@ -318,7 +320,9 @@ class ResponsesDialect(Dialect):
         tools = memo.reuse_tools(self.name, raw_tools) if memo else None
         if tools is None:
             tools = _read_tools(raw_tools)
-        request = ChatRequest(
+        # model_construct: every field is typed by the parser above; validating a long
+        # history again on every request would cost more than parsing its new items.
+        request = ChatRequest.model_construct(
             model=opt_str(body, "model") or "",
             messages=history.messages,
             tools=tools,

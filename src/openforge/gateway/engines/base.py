@@ -35,9 +35,15 @@ class EngineConfigError(OpenforgeError):
 
 
 class GenerateRequest(BaseModel):
-    """One generation. `chat` is the parsed request, for text-only engines and scripts."""
+    """One generation. `chat` is the parsed request, for text-only engines and scripts.
+
+    `prompt_json`, when set, is `prompt_ids` as a compact JSON array (`[1,2,3]`): the
+    gateway keeps it per branch and extends it by the new ids only, so an engine that sends
+    the prompt as JSON need not encode thousands of ids again on every call.
+    """
 
     prompt_ids: list[int]
+    prompt_json: str | None = None
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     stop_token_ids: list[int] = Field(default_factory=list)
     session_id: str = ""

@@ -77,6 +77,8 @@ class EngineLog(collections.deque):
     def record(self, request: GenerateRequest, completion_ids: list[int],
                logprobs: list[float], finish_reason: str) -> None:
         """Append the entry of one finished generation of `request`."""
+        if self.maxlen == 0:
+            return
         self.append(EngineLogEntry(
             request_id=request.request_id, session_id=request.session_id,
             prompt_ids=list(request.prompt_ids), completion_ids=completion_ids,

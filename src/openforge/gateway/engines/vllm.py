@@ -24,6 +24,8 @@ from openforge.gateway.engines.base import (
 from openforge.gateway.engines.local import EngineLog, Finish
 from openforge.options import PluginOptions
 
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
 
 class VLLMOptions(PluginOptions):
     """Options of the `vllm` engine (`engine.options`; `--vllm-url` sets `url`)."""
@@ -38,8 +40,8 @@ class VLLMOptions(PluginOptions):
     """Sent as a Bearer token."""
     timeout_s: float = Field(default=600.0, gt=0)
     """Seconds per request."""
-    log_size: int = Field(default=10_000, ge=0)
-    """Generations kept in the engine's in-memory log."""
+    log_size: int = Field(default=0, ge=0)
+    """Generations kept in `self.log`, for tests and debugging (0: the store is the record)."""
 
 
 class VLLMEngine(Engine):
@@ -81,17 +83,22 @@ class VLLMEngine(Engine):
                 connector=aiohttp.TCPConnector(limit=0))
         return self._session
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._request("POST", path, body)
+    async def _post(self, path: str, body: dict[str, Any], prompt_key: str,
+                    prompt_json: str) -> dict[str, Any]:
+        # The prompt's JSON text goes in as given: encoding its ids again would cost more
+        # than the rest of the request.
+        head = _encode(body)
+        data = f'{head[:-1]},"{prompt_key}":{prompt_json}}}'.encode()
+        return await self._request("POST", path, data)
 
-    async def _request(self, method: str, path: str,
-                       body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def _request(self, method: str, path: str, data: bytes | None = None
+                       ) -> dict[str, Any]:
         import aiohttp
 
         session = await self._client()
         url = self.url + path
         try:
-            async with session.request(method, url, json=body) as resp:
+            async with session.request(method, url, data=data) as resp:
                 text = await resp.text()
                 if resp.status >= 500:
                     raise EngineError(f"vLLM {path} answered {resp.status}: {text[:200]}",
@@ -125,23 +132,25 @@ class VLLMEngine(Engine):
             sampling["seed"] = s.seed
         if s.stop:
             sampling["stop"] = list(s.stop)
+        prompt_json = request.prompt_json or _encode(list(request.prompt_ids))
         if self.api == "generate":
-            body: dict[str, Any] = {"token_ids": list(request.prompt_ids),
-                                    "sampling_params": {**sampling, "logprobs": 0}}
+            body: dict[str, Any] = {"sampling_params": {**sampling, "logprobs": 0}}
             if request.request_id:
                 body["request_id"] = request.request_id
-            data = await self._post("/inference/v1/generate", body)
+            data = await self._post("/inference/v1/generate", body, "token_ids", prompt_json)
             ids, logprobs, finish = _read_generate(data)
             self._version = _version_of(data.get("weight_versions")) or self._version
         else:
-            body = {"model": await self._model_name(), "prompt": list(request.prompt_ids),
-                    **sampling, "logprobs": 1, "return_token_ids": True}
-            data = await self._post("/v1/completions", body)
+            body = {"model": await self._model_name(), **sampling, "logprobs": 1,
+                    "return_token_ids": True}
+            data = await self._post("/v1/completions", body, "prompt", prompt_json)
             ids, logprobs, finish = _read_completions(data)
             self._version = _version_of(data.get("weight_versions")) or self._version
         self.log.record(request, ids, logprobs, finish)
-        return GenerateResult(completion_ids=ids, logprobs=logprobs, finish_reason=finish,
-                              weight_version=self._version)
+        # model_construct: the readers above built typed lists already.
+        return GenerateResult.model_construct(completion_ids=ids, logprobs=logprobs,
+                                              finish_reason=finish, completion=None,
+                                              weight_version=self._version)
 
     async def _model_name(self) -> str:
         if self.served_model is None:
