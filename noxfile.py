@@ -24,6 +24,8 @@ def install_openforge(session: nox.Session, extras: str = "test,kubernetes") -> 
 def tests(session: nox.Session) -> None:
     """The test suite (unit, integration over real HTTP, property tests)."""
     install_openforge(session)
+    # The openclaw plugin's dependency: its tests read OpenClaw's zstd-compressed session events.
+    session.install("zstandard")
     # tests/e2e runs the real harness programs (minutes each): `nox -s e2e`.
     session.run("python", "-m", "pytest", "-q", "--ignore=tests/e2e", *session.posargs)
 
@@ -43,10 +45,17 @@ def e2e(session: nox.Session) -> None:
         session.run("python", "-c", f"from {module} import {cls}; print({cls}().install())")
     session.run("python", "-m", "pytest", "-q", "tests/e2e", *session.posargs,
                 env={"OPENFORGE_E2E": "1"})
-    # openforge-claw's tasks through the real OpenClaw (right and wrong scripted solutions).
-    session.install("./openforge_claw[test]")
+    # openforge-claw's tasks through the real OpenClaw (right and wrong scripted solutions),
+    # and Claw-Eval tasks (fixture checkout) with their tools as MCP servers in OpenClaw,
+    # Codex and Claude Code.
+    session.install("./openforge_claw[claw-eval,test]")
     session.run("python", "-m", "pytest", "-q", "openforge_claw/tests/test_openclaw_e2e.py",
-                *session.posargs, env={"OPENFORGE_E2E": "1"})
+                "openforge_claw/tests/test_claw_eval_e2e.py", *session.posargs,
+                env={"OPENFORGE_E2E": "1"})
+    # QwenClawBench fixture tasks through the real OpenClaw: its own session events graded.
+    session.run("python", "-m", "pytest", "-q", "-m", "e2e",
+                "openforge_claw/tests/test_qwenclawbench.py", *session.posargs,
+                env={"OPENFORGE_E2E": "1"})
 
 
 @nox.session
@@ -96,9 +105,12 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def claw(session: nox.Session) -> None:
-    """openforge-claw: its task set, mock services, loaders, rewards and recipe (mini harness)."""
+    """openforge-claw: its task set, mock services, loaders, rewards and recipe (mini harness);
+    Claw-Eval and QwenClawBench on fixture checkouts (services, MCP bridge, their own graders,
+    the judge, `openforge run`). The real checkouts are the acceptance (docs/claw.md):
+    QwenClawBench with OPENFORGE_QCB_PATH set, Claw-Eval by hand."""
     install_openforge(session)
-    session.install("./openforge_claw[judge,test]")
+    session.install("./openforge_claw[claw-eval,judge,test]")
     session.run("python", "-m", "pytest", "-q", "openforge_claw/tests", *session.posargs)
 
 

@@ -394,8 +394,39 @@ def test_responses_parses_codex_request() -> None:
     assert turn.reasoning == "I should write the file."
     assert [(c.id, c.name) for c in turn.tool_calls] == [("call_1", "exec_command")]
     assert req.messages[5].tool_call_id == "call_1"
-    assert [t.name for t in req.tools] == ["exec_command", "write_stdin"]
+    assert [t.name for t in req.tools] == ["exec_command", "write_stdin", "multi_agent_v1__spawn"]
     assert req.sampling.max_tokens == 4096 and req.stream
+
+
+def test_responses_namespace_tools_round_trip_as_codex_runs_them() -> None:
+    # Codex offers an MCP server's tools in one namespace and runs a call only when it names
+    # the namespace: {"name": <function>, "namespace": <namespace>} (a flat name is refused).
+    body = {"model": "m", "input": [
+        {"role": "user", "content": "book it"},
+        {"type": "function_call", "call_id": "c1", "name": "create_event",
+         "namespace": "mcp__claw-eval", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1",
+         "output": [{"type": "input_text", "text": "created"}]}],
+        "tools": [{"type": "namespace", "name": "mcp__claw-eval", "description": "MCP tools",
+                   "tools": [{"type": "function", "name": "create_event", "description": "Book",
+                              "parameters": {"type": "object", "properties": {}}},
+                             {"type": "custom", "name": "ignored"}]}]}
+    req = RESPONSES.parse(body)
+    (tool,) = req.tools
+    assert (tool.name, tool.namespace, tool.description) == (
+        "mcp__claw-eval__create_event", "mcp__claw-eval", "Book")
+    assert req.messages[1].tool_calls[0].name == "mcp__claw-eval__create_event"
+    call = ToolCall(id="c2", name="mcp__claw-eval__create_event", arguments='{"a": 1}')
+    completion = Completion(message=Message(role="assistant", tool_calls=[call]),
+                            finish_reason="tool_calls")
+    out = RESPONSES.response(completion, response_id="resp_1", model="m", created=0,
+                             request=req)["output"]
+    assert [(i["name"], i.get("namespace")) for i in out] == [("create_event", "mcp__claw-eval")]
+    frames = b"".join(RESPONSES.stream(completion, response_id="resp_1", model="m", created=0,
+                                       request=req)).decode()
+    assert '"namespace":"mcp__claw-eval"' in frames and '"name":"create_event"' in frames
+    with pytest.raises(DialectError, match=r"tools\[0\]\.name"):
+        RESPONSES.parse({"input": "x", "tools": [{"type": "namespace", "tools": []}]})
 
 
 def test_responses_instructions_and_string_input() -> None:

@@ -143,6 +143,18 @@ async def test_scripted_replies_by_turn(script_file, tiny_bundle):
         "<think>\n\n</think>\n\nI don't know.<|im_end|>")
 
 
+async def test_scripted_match_finds_the_task_after_a_harness_preamble(script_file, tiny_bundle):
+    # Codex sends its environment context as the first user message, the task after it.
+    engine = ScriptedEngine(tiny_bundle, script=str(script_file))
+    preamble = Message(role="user", content="<environment_context>cwd</environment_context>")
+    task = Message(role="user", content="How many files are here?")
+    _, (message, _) = await _scripted_call(engine, tiny_bundle, [preamble, task])
+    assert [c.name for c in message.tool_calls] == ["shell"]  # not the catch-all entry
+    strict = ScriptedEngine(tiny_bundle, entries=[{"match": "files", "replies": [{"content": "a"}]}])
+    with pytest.raises(EngineError, match="no script entry matches the user messages"):
+        await _scripted_call(strict, tiny_bundle, [preamble])
+
+
 async def test_scripted_injected_error_and_inline_replies(script_file, tiny_bundle):
     engine = ScriptedEngine(tiny_bundle, script=str(script_file))
     with pytest.raises(EngineError) as info:

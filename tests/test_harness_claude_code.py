@@ -14,7 +14,7 @@ import pytest
 from harness_plugins import CLAUDE_CODE, import_sources, pip_install, with_path
 
 from openforge.errors import OpenforgeError
-from openforge.harness import HarnessContext, HarnessMissingError, ProcessOutput
+from openforge.harness import HarnessContext, HarnessMissingError, McpServer, ProcessOutput
 from openforge.types import Task
 
 import_sources(CLAUDE_CODE)
@@ -86,6 +86,22 @@ def test_allowed_tools_mode(ctx: HarnessContext, fake_claude: Path) -> None:
                              disallowed_tools=[]).command(ctx).argv
     assert argv[argv.index("--allowedTools") + 1] == "Bash,Write"
     assert "--dangerously-skip-permissions" not in argv and "--disallowedTools" not in argv
+
+
+def test_the_tasks_mcp_servers_are_passed_with_mcp_config(ctx: HarnessContext,
+                                                         fake_claude: Path) -> None:
+    harness = ClaudeCodeHarness()
+    harness.prepare(ctx)
+    assert "--mcp-config" not in harness.command(ctx).argv
+    ctx.mcp_servers = [McpServer(name="claw-eval", command="/usr/bin/python3", args=["-m", "b"])]
+    harness.prepare(ctx)
+    argv = harness.command(ctx).argv
+    path = Path(argv[argv.index("--mcp-config") + 1])
+    assert path == ctx.home / ".claude/mcp.json" and "--strict-mcp-config" in argv
+    assert json.loads(path.read_text()) == {"mcpServers": {"claw-eval": {
+        "type": "stdio", "command": "/usr/bin/python3", "args": ["-m", "b"], "env": {}}}}
+    allowed = ClaudeCodeHarness(permissions="allowed").command(ctx).argv
+    assert "mcp__claw-eval" in allowed[allowed.index("--allowedTools") + 1].split(",")
 
 
 def test_settings_written_in_the_isolated_home(ctx: HarnessContext) -> None:

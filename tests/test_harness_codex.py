@@ -18,7 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from openforge.errors import OpenforgeError
-from openforge.harness import HarnessContext, HarnessMissingError, ProcessOutput, drop_none
+from openforge.harness import (
+    HarnessContext,
+    HarnessMissingError,
+    McpServer,
+    ProcessOutput,
+    drop_none,
+)
 from openforge.types import Task
 
 import_sources(CODEX)
@@ -59,6 +65,20 @@ def test_config_points_at_the_session_and_nothing_else(ctx: HarnessContext) -> N
     assert config["approval_policy"] == "never"
     assert config["check_for_update_on_startup"] is False
     assert config["analytics"] == {"enabled": False}
+
+
+def test_the_tasks_mcp_servers_go_into_the_config(ctx: HarnessContext) -> None:
+    harness = CodexHarness()
+    harness.prepare(ctx)
+    assert "mcp_servers" not in tomllib.loads((ctx.home / ".codex/config.toml").read_text())
+    ctx.mcp_servers = [McpServer(name="claw-eval", command="/usr/bin/python3",
+                                 args=["-m", "bridge", "mcp"], env={"A": "1"})]
+    harness.prepare(ctx)
+    config = tomllib.loads((ctx.home / ".codex/config.toml").read_text())
+    # required: `codex exec` waits for the server's tools before its first request.
+    assert config["mcp_servers"] == {"claw-eval": {
+        "command": "/usr/bin/python3", "args": ["-m", "bridge", "mcp"], "env": {"A": "1"},
+        "required": True, "startup_timeout_sec": 60}}
 
 
 def test_extra_config_is_merged_last(ctx: HarnessContext) -> None:

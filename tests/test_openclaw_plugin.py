@@ -9,6 +9,7 @@ sys.path here (the e2e tests install it for real).
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -30,7 +31,12 @@ from openforge.gateway.branches import (  # noqa: E402
 from openforge.gateway.conversation import ChatRequest, Message, Tool, ToolCall  # noqa: E402
 from openforge.gateway.model import ModelBundle  # noqa: E402
 from openforge.gateway.render import assistant_turn_ids  # noqa: E402
-from openforge.harness import HarnessContext, HarnessMissingError, ProcessOutput  # noqa: E402
+from openforge.harness import (  # noqa: E402
+    HarnessContext,
+    HarnessMissingError,
+    McpServer,
+    ProcessOutput,
+)
 from openforge.types import Task  # noqa: E402
 
 URL = "http://127.0.0.1:4321/s/tok123/v1"
@@ -76,6 +82,19 @@ def test_config_points_the_provider_at_the_session(tmp_path: Path, api: str, wir
     assert (ctx.home / ".openclaw" / "task.md").read_text() == "Create hello.txt"
 
 
+def test_the_tasks_mcp_servers_are_direct_tools(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    options = oc.OpenClawOptions()
+    assert "mcp" not in build_config(ctx, options) and "tools" not in build_config(ctx, options)
+    ctx.mcp_servers = [McpServer(name="claw-eval", command="/usr/bin/python3", args=["-m", "b"])]
+    config = build_config(ctx, options)
+    assert config["mcp"] == {"servers": {"claw-eval": {
+        "transport": "stdio", "command": "/usr/bin/python3", "args": ["-m", "b"], "env": {},
+        "enabled": True}}}
+    # Tool Search off: the MCP tools reach the model directly (claw-eval__<tool>).
+    assert config["tools"] == {"toolSearch": False}
+
+
 def test_extra_config_is_merged_last(tmp_path: Path) -> None:
     h = oc.create(config={"models": {"providers": {"of": {"headers": {"X": "1"}}}},
                           "tools": {"profile": "coding"}}, **_fake_install(tmp_path))
@@ -105,6 +124,8 @@ def test_command_runs_openclaw_mjs_with_the_given_node(tmp_path: Path) -> None:
     assert value("--config") == str(ctx.home / ".openclaw" / "openforge.json5")
     assert value("--model") == "of/policy"
     assert value("--cwd") == str(ctx.workspace)
+    assert value("--state-dir") == str(ctx.home / ".openclaw" / "state")
+    assert Path(value("--state-dir")).is_dir()  # OpenClaw refuses a missing one
     assert value("--thinking") == "off"
     assert "--json" in args
     # 300 s rollout - 10 s rollout reserve - 20 s margin: OpenClaw times out first.
@@ -199,6 +220,44 @@ def test_parse_output_adds_the_request_count_and_api(tmp_path: Path) -> None:
     out = h.parse_output(_ctx(tmp_path), _proc(json.dumps(OK)))
     assert out.transcript["model_requests"] == 2
     assert out.transcript["api"] == "responses"
+    assert out.transcript["session_events"] is None  # OpenClaw stored no session
+
+
+def _agent_db(state: Path) -> sqlite3.Connection:
+    """An agent database laid out as OpenClaw 2026.9 keeps it (the columns it reads)."""
+    db = state / "agents" / "main" / "agent" / "openclaw-agent.sqlite"
+    db.parent.mkdir(parents=True)
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE transcript_events (session_id TEXT NOT NULL, seq INTEGER NOT "
+                 "NULL, event_json TEXT, created_at INTEGER NOT NULL, event_zstd BLOB, "
+                 "event_utf8_bytes INTEGER, navigation_json TEXT, "
+                 "PRIMARY KEY (session_id, seq))")
+    return conn
+
+
+def test_parse_output_reads_openclaws_session_events(tmp_path: Path) -> None:
+    zstandard = pytest.importorskip("zstandard", reason="pip install ./plugins/openforge-openclaw")
+    h = oc.create(**_fake_install(tmp_path))
+    ctx = _ctx(tmp_path)
+    h.prepare(ctx)
+    header = {"type": "session", "version": 4, "id": "s-1", "cwd": str(ctx.workspace)}
+    user = {"type": "message", "message": {"role": "user", "content": "Create hello.txt"}}
+    # OpenClaw compresses an event of 1 KiB or more.
+    big = {"type": "message", "message": {"role": "toolResult", "toolCallId": "c1",
+                                          "toolName": "exec", "isError": False,
+                                          "content": [{"type": "text", "text": "x" * 3000}]}}
+    raw = json.dumps(big).encode()
+    conn = _agent_db(oc.state_path(ctx))
+    other = {"type": "session", "version": 4, "id": "s-0"}
+    rows = [("s-0", 0, json.dumps(other), None, None), ("s-1", 0, json.dumps(header), None, None),
+            ("s-1", 1, json.dumps(user), None, None),
+            ("s-1", 2, None, zstandard.ZstdCompressor().compress(raw), len(raw))]
+    conn.executemany("INSERT INTO transcript_events (session_id, seq, event_json, created_at, "
+                     "event_zstd, event_utf8_bytes) VALUES (?, ?, ?, 0, ?, ?)", rows)
+    conn.commit()
+    conn.close()
+    out = h.parse_output(ctx, _proc(json.dumps({**OK, "sessionId": "s-1"})))
+    assert out.transcript["session_events"] == [header, user, big]
 
 
 # -- the gateway and OpenClaw's per-request context note ------------------------------------

@@ -1,11 +1,15 @@
-"""Shared helpers of the openforge-claw tests. E2E tests (real OpenClaw from npm) run only
-with OPENFORGE_E2E=1."""
+"""Shared helpers of the openforge-claw tests: the scripted-solution runner and a stand-in
+LLM judge (a real local HTTP server speaking OpenAI chat completions). E2E tests (real
+OpenClaw from npm) run only with OPENFORGE_E2E=1."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +63,54 @@ def run_direct(env: ClawEnvironment, task: Task, workspace: Path,
         return GraderReward().score(task, env, workspace, state), state
     finally:
         env.close()
+
+
+class _JudgeHandler(BaseHTTPRequestHandler):
+    server: JudgeStandIn
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.requests.append({"path": self.path, "body": body,
+                                     "auth": self.headers.get("Authorization")})
+        status, answer = (self.server.replies.pop(0) if self.server.replies
+                          else (200, self.server.answer))
+        reply = {"id": "judge-1", "object": "chat.completion", "created": 0,
+                 "model": body.get("model"),
+                 "choices": [{"index": 0, "finish_reason": "stop",
+                              "message": {"role": "assistant", "content": answer}}],
+                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        payload = json.dumps(reply if status == 200 else {"error": {"message": answer}}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class JudgeStandIn(ThreadingHTTPServer):
+    """A judge model behind an OpenAI-compatible endpoint on 127.0.0.1: it answers the
+    queued `replies` ((HTTP status, answer text)) in order, then `answer`; every request
+    is kept in `requests` ({path, body, auth})."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _JudgeHandler)
+        self.requests: list[dict[str, Any]] = []
+        self.replies: list[tuple[int, str]] = []
+        self.answer = "{}"
+
+    @property
+    def url(self) -> str:
+        """The base URL (`.../v1`), as judge options take it."""
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+@pytest.fixture
+def judge() -> Iterator[JudgeStandIn]:
+    server = JudgeStandIn()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()

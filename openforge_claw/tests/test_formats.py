@@ -1,82 +1,24 @@
-"""The Claw-Eval and QwenClawBench loaders on small fixture folders in those formats, run
-through the claw environment (services started and stopped) and the claw-grader."""
+"""Format detection and bad folders (each benchmark's own loader tests: test_claw_eval.py,
+test_qwenclawbench.py)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import psutil
 import pytest
-from conftest import run_direct
-from openforge.builtin.mini_agent import run_tool
 
-from openforge_claw.environment import ClawEnvironment
-from openforge_claw.tasks import TaskLoadError, load_tasks
+from openforge_claw.tasks import TaskLoadError, detect_format, load_tasks
 
 FIXTURES = Path(__file__).parent / "fixtures"
-CLAW_EVAL = FIXTURES / "claw_eval"
-QWEN = FIXTURES / "qwenclawbench"
 
 
-def test_claw_eval_task_is_read() -> None:
-    (task,) = load_tasks(CLAW_EVAL)
-    assert task.format == "claw-eval" and task.id == "T001_weather_note"
-    assert [(s.name, s.resolved_kind) for s in task.services] == [("weather", "command"),
-                                                                 ("notes", "notes")]
-    assert task.services[1].seed["notes"][0]["title"] == "Keep me"  # from NOTES_FIXTURES
-    assert [c.type for c in task.grader.checks] == ["keywords_present", "python"]
-    assert task.rubric and "concise" in task.rubric  # llm_judge component -> rubric
-    assert task.tools == ["notes_create"] and task.timeout_s == 300
-
-
-def _solve_weather(ws: Path) -> None:
-    weather = (ws / ".claw/weather.url").read_text()
-    out = run_tool(ws, "shell", json.dumps({"command": f"curl -s '{weather}/weather?city=Berlin'"}))
-    assert '"temp_c": 21' in out, out
-    run_tool(ws, "shell", json.dumps({"command": (
-        "curl -s -X POST -H 'Content-Type: application/json' -d "
-        "'{\"title\": \"Berlin weather\", \"body\": \"21 C\"}' \"$(cat .claw/notes.url)/notes\"")}))
-
-
-def test_claw_eval_task_runs_and_its_service_process_is_gone(tmp_path: Path) -> None:
-    env = ClawEnvironment(path=str(CLAW_EVAL))
-    (task,) = list(env.tasks())
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    env.prepare(task, ws)
-    pid = env.services.running[0].proc.pid  # type: ignore[attr-defined]
-    assert psutil.pid_exists(pid)
-    try:
-        _solve_weather(ws)
-        state = env.final_state(task, ws)
-        state["final_answer"] = "It is 21 degrees in Berlin."
-    finally:
-        env.close()
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    verdict = env.check(task, ws, state)
-    assert verdict.passed and verdict.score == 1.0, verdict.details
-    idle, _ = run_direct(ClawEnvironment(path=str(CLAW_EVAL)), task, tmp_path / "idle", None)
-    assert not idle.passed and idle.details["completion"] == 0.0
-
-
-def test_qwenclawbench_task_is_read_and_graded(tmp_path: Path) -> None:
-    (task,) = load_tasks(QWEN)
-    assert task.format == "qwenclawbench" and task.grader.score_shape == "plain"
-    assert task.judge_weights == {"automated": 0.6, "llm_judge": 0.4}
-    assert "Expected Behavior" in (task.rubric or "")
-    env = ClawEnvironment(path=str(QWEN / "tasks"))
-    (t,) = list(env.tasks())
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    env.prepare(t, ws)
-    assert (ws / "numbers.txt").read_text() == "10\n20\n30\n"
-    assert (ws / "docs/README.txt").read_text() == "shared docs\n"
-    (ws / "sum.txt").write_text("60\n")
-    assert env.check(t, ws, env.final_state(t, ws)).passed
-    (ws / "sum.txt").write_text("59\n")
-    wrong = env.check(t, ws, env.final_state(t, ws))
-    assert wrong.score == pytest.approx(0.5) and not wrong.passed  # 1 of 2 criteria
+def test_each_benchmark_checkout_is_recognised() -> None:
+    assert detect_format(FIXTURES / "claw_eval_repo") == "claw-eval"
+    assert detect_format(FIXTURES / "claw_eval_repo" / "tasks" / "T002_notes_digest") == "claw-eval"
+    assert detect_format(FIXTURES / "qwenclawbench") == "qwenclawbench"
+    assert detect_format(FIXTURES / "qwenclawbench" / "tasks") == "qwenclawbench"
+    builtin = load_tasks(Path(__file__).parents[1] / "src/openforge_claw/tasks")
+    assert {t.format for t in builtin} == {"claw"} and builtin.skipped == []
 
 
 def test_bad_folders_give_one_line_errors(tmp_path: Path) -> None:

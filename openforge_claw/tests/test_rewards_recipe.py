@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
-from conftest import SOLUTIONS, apply_script
+from conftest import SOLUTIONS, JudgeStandIn, apply_script
 from openforge.config import TrainConfig
 from openforge.errors import OpenforgeError
 from openforge.training.recipes import run_recipe
@@ -23,39 +20,6 @@ from openforge_claw.rewards import JudgeReward, parse_score
 
 # litellm would otherwise try to download its price list (no network in CI sandboxes).
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-
-
-class _Judge(BaseHTTPRequestHandler):
-    score = 0.9
-    seen: list[dict[str, Any]] = []
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        _Judge.seen.append(body)
-        answer = {"id": "j1", "object": "chat.completion", "created": 0, "model": body["model"],
-                  "choices": [{"index": 0, "finish_reason": "stop", "message": {
-                      "role": "assistant",
-                      "content": json.dumps({"score": _Judge.score, "reason": "ok"})}}],
-                  "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
-        data = json.dumps(answer).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def judge_url():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
 
 
 def _graded(tmp_path: Path, script: Path | None, reward: JudgeReward):
@@ -70,16 +34,16 @@ def _graded(tmp_path: Path, script: Path | None, reward: JudgeReward):
     return reward.score(task, env, ws, state)
 
 
-def test_judge_scores_through_litellm_and_logs_apart(tmp_path: Path, judge_url: str) -> None:
+def test_judge_scores_through_litellm_and_logs_apart(tmp_path: Path, judge: JudgeStandIn) -> None:
     pytest.importorskip("litellm", reason="pip install 'openforge-claw[judge]' (nox -s claw does)")
     log = tmp_path / "judge.jsonl"
-    reward = JudgeReward(model="openai/judge", api_base=judge_url, api_key_env="NO_SUCH_KEY",
+    reward = JudgeReward(model="openai/judge", api_base=judge.url, api_key_env="NO_SUCH_KEY",
                          log=str(log))
-    _Judge.score = 0.9
+    judge.answer = json.dumps({"score": 0.9, "reason": "ok"})
     good = _graded(tmp_path / "a", SOLUTIONS / "mini.yaml", reward)
     assert good.passed and good.details["judge"] == 0.9
     assert good.score == pytest.approx(0.5 * 1.0 + 0.5 * 0.9)
-    assert "Rubric:" in _Judge.seen[-1]["messages"][1]["content"]
+    assert "Rubric:" in judge.requests[-1]["body"]["messages"][1]["content"]
     record = json.loads(log.read_text().splitlines()[-1])
     assert record["task_id"] == "files-greeting" and record["score"] == 0.9
     # A failed automated part gates the judge's share off (QwenClawBench's hybrid rule).

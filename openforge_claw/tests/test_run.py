@@ -31,8 +31,17 @@ def _run(script: Path, runs: Path):
 
 
 def _listening_ports() -> set[int]:
-    return {c.laddr.port for c in psutil.net_connections(kind="tcp")
-            if c.status == psutil.CONN_LISTEN}
+    """Ports a process of ours listens on (other programs on a shared machine may reuse a
+    freed port at any time: theirs say nothing about our services)."""
+    me = psutil.Process()
+    ports: set[int] = set()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            ports |= {c.laddr.port for c in proc.net_connections(kind="tcp")
+                      if c.status == psutil.CONN_LISTEN}
+        except psutil.NoSuchProcess:
+            pass
+    return ports
 
 
 def _ports(records) -> set[int]:

@@ -5,9 +5,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from openforge.types import RewardResult, Task
+
+if TYPE_CHECKING:
+    from openforge.harness import McpServer
 
 
 class Environment(ABC):
@@ -22,6 +25,15 @@ class Environment(ABC):
 
     def prepare(self, task: Task, workspace: Path) -> None:
         """Lay out the workspace the rollout starts in (default: leave it empty)."""
+
+    def mcp_servers(self, task: Task, workspace: Path) -> list[McpServer]:
+        """The MCP servers that offer `task`'s own tools to the agent, after `prepare`
+        (default: none). Harnesses that take MCP servers write them into their config.
+
+        A server is a program the harness starts, so it runs inside the agent's sandbox
+        with the agent's rights: it may only forward calls to something `prepare` started
+        on the trusted side (which records them); never trust what it reports."""
+        return []
 
     def data_paths(self, task: Task) -> list[Path]:
         """Files and folders outside the workspace that `task` reads and the agent may see:

@@ -20,6 +20,21 @@ class HarnessMissingError(OpenforgeError):
     """The harness program is not installed; the message says how to install it."""
 
 
+class McpServer(BaseModel):
+    """A stdio MCP server that offers the task's own tools: `command args...` with `env`.
+
+    An environment names them (`Environment.mcp_servers`); each harness that takes MCP
+    servers writes them into its own config, so the agent sees the tools as native tools.
+    The harness starts them, inside the agent's sandbox: the program must be on a path the
+    sandbox maps (openforge's Python, the harness's `program_paths`, the task's `data_paths`).
+    """
+
+    name: str
+    command: str
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
 class HarnessContext(BaseModel):
     """Where one rollout's harness runs and which endpoint it talks to.
 
@@ -27,7 +42,8 @@ class HarnessContext(BaseModel):
     there, never into the user's real HOME); `workspace` is the task's working directory;
     `base_url` is the session URL ending in `/v1` and `api_key` the session token (good for
     model calls in this session only). Both must reach the program through `Command.env` or
-    a file under `home`, never through its argv.
+    a file under `home`, never through its argv. `mcp_servers` are the task's tool servers,
+    for harnesses that take MCP servers.
     """
 
     task: Task
@@ -37,6 +53,7 @@ class HarnessContext(BaseModel):
     api_key: str
     model: str = "policy"
     timeout_s: float = 300.0
+    mcp_servers: list[McpServer] = Field(default_factory=list)
 
 
 class Command(BaseModel):

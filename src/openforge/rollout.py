@@ -26,8 +26,12 @@ directory); the folder holding DIR and the user's HOME are always protected.
 
 Plugin names are looked up in the registry; a name of the form `module:attr` is imported
 directly (used by tests and benchmarks for throwaway plugins). The reward sees the
-environment's final state plus `final_answer` and `harness_status` (the harness's own
-account), unless the environment already set those keys.
+environment's final state plus `final_answer`, `harness_status` and `harness_transcript`
+(the harness's own account), unless the environment already set those keys.
+
+The task's own tool servers (`Environment.mcp_servers`, named after `prepare`) go to the
+harness in `HarnessContext.mcp_servers`; the harness starts them, so they run inside the
+agent's sandbox and reach what `prepare` started over loopback, like the harness itself.
 
 Statuses (`openforge.types`): the harness completed -> `ok`; failed on its own ->
 `harness_error`; the task's data changed under the agent -> `violation` (scored 0); the
@@ -226,6 +230,8 @@ class Supervisor:
                              base_url=spec.session_url, api_key=spec.session_token,
                              model=spec.model, timeout_s=spec.timeout_s)
         self._call("preparing the environment", environment.prepare, spec.task, workspace)
+        ctx.mcp_servers = self._call("listing the task's tool servers", environment.mcp_servers,
+                                     spec.task, workspace)
         self.stage = "checking the harness"
         try:
             harness.check()
@@ -295,6 +301,9 @@ class Supervisor:
             # Rewards that judge the answer rather than the workspace read it from here.
             final_state.setdefault("final_answer", output.final_answer)
             final_state.setdefault("harness_status", output.status)
+            # The harness's own account of the conversation (e.g. OpenClaw's session events),
+            # for rewards that grade a transcript in the harness's format.
+            final_state.setdefault("harness_transcript", output.transcript)
             self.stage = "fetching the recorded calls"
             calls = fetch_calls(spec) if reward.wants_calls else None
             verdict = self._call("scoring", reward.score, spec.task, environment, workspace,

@@ -5,34 +5,62 @@ Options:
 - `path`: a folder of tasks (own format, Claw-Eval or QwenClawBench; detected) instead of
   the built-in set;
 - `format`: `auto` (default), `claw`, `claw-eval` or `qwenclawbench`;
-- `categories`: only tasks of these categories.
+- `categories`: only tasks of these categories;
+- `judge_base_url`, `judge_model`, `judge_api_key_env` (the variable that holds its key):
+  the LLM judge of the benchmarks' judged parts, any OpenAI-compatible endpoint
+  (`judge.JudgeEndpoint`; a Claw-Eval grader asks it through Claw-Eval's own `LLMJudge`);
+  without one, the tasks that need it are skipped;
+- `grader_timeout_s`: how long a benchmark task's own grader may run;
+- `scoring` (QwenClawBench): `benchmark` (default: each task scored as the benchmark
+  scores it) or `automated` (every task scored by its automated checks alone);
+- Claw-Eval only: `python` (the interpreter of its services and graders, default this
+  one), `service_env` (extra variables for its services, e.g. `{ERROR_RATE: "0.25"}`:
+  Claw-Eval's own injection of 429/500 answers and slow responses, for robustness runs).
+
+Benchmark tasks that cannot run here (an unreadable task file, no judge, the real web, ...)
+are listed on stderr with their reason and a count (`tasks.report_skipped`) and skipped;
+the others run.
 
 `prepare` copies the fixtures into the workspace and starts the task's services on free
 loopback ports; the agent finds them in `services.json` (and `.claw/<name>.url`) in the
-workspace and in the environment variables `CLAW_<NAME>_URL`, which the harness process
-inherits. `final_state` captures the workspace files and every service's state and audit
-log; `close` stops the services (they are threads and child processes of the rollout
-process, so they also die with it).
+workspace (the harness's environment is an allowlist: docs/sandboxing.md). These run in the
+trusted rollout supervisor, outside the agent's sandbox, which reaches them over loopback
+in every sandbox mode. `final_state` captures the workspace files and every service's
+state and audit log; `close` stops the services (they are threads and child processes of
+the supervisor, so they also die with it).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
+import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from openforge.config import plugin_options
 from openforge.environment import Environment
 from openforge.errors import OpenforgeError
-from openforge.types import RewardResult, Task
-from pydantic import BaseModel, ConfigDict, Field
+from openforge.harness import McpServer
+from openforge.types import Call, RewardResult, Task
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from openforge_claw.claweval.grading import grade as grade_claw_eval
+from openforge_claw.claweval.rollout import ClawEvalRollout
+from openforge_claw.claweval.rollout import mcp_servers as claw_eval_mcp_servers
+from openforge_claw.formats import claw_eval, qwenclawbench_grading
 from openforge_claw.grading import grade
+from openforge_claw.judge import JudgeEndpoint
 from openforge_claw.services import Services
-from openforge_claw.tasks import SERVICES_FILE, ClawTask, builtin_tasks, load_tasks
+from openforge_claw.tasks import (
+    SERVICES_FILE,
+    ClawTask,
+    SkippedTask,
+    builtin_tasks,
+    load_tasks,
+    report_skipped,
+)
 
 ENV_NAME = "claw"
 HIDDEN = {SERVICES_FILE, ".claw"}  # what prepare adds for the agent: not part of the answer
@@ -46,6 +74,28 @@ class ClawOptions(BaseModel):
     path: str | None = None
     format: str = "auto"
     categories: list[str] = Field(default_factory=list)
+    judge_base_url: str | None = None
+    judge_model: str | None = None
+    judge_api_key_env: str | None = None
+    grader_timeout_s: float = Field(default=600.0, gt=0)
+    scoring: Literal["benchmark", "automated"] = "benchmark"
+    # Claw-Eval checkouts only:
+    python: str = Field(default_factory=lambda: sys.executable)
+    service_env: dict[str, str] = Field(default_factory=dict)
+
+    def judge(self) -> JudgeEndpoint | None:
+        """The judge endpoint, when one is set (both `judge_base_url` and `judge_model`)."""
+        if not (self.judge_base_url or self.judge_model):
+            return None
+        if not (self.judge_base_url and self.judge_model):
+            raise OpenforgeError("claw environment: set both judge_base_url and judge_model "
+                                 "(the judge's OpenAI-compatible endpoint)")
+        try:
+            return JudgeEndpoint(base_url=self.judge_base_url, model=self.judge_model,
+                                 api_key_env=self.judge_api_key_env)
+        except ValidationError as exc:
+            why = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            raise OpenforgeError(f"claw environment: judge_base_url {why}") from None
 
 
 def claw_task(task: Task) -> ClawTask:
@@ -78,13 +128,36 @@ class ClawEnvironment(Environment):
         super().__init__(**options)
         self.config = plugin_options(ClawOptions, options, "claw environment")
         self.services = Services()
+        self.judge = self.config.judge()
+        self.scoring = qwenclawbench_grading.ScoringOptions(
+            judge=self.judge, scoring=self.config.scoring,
+            grader_timeout_s=self.config.grader_timeout_s)
+        self.claw_eval: ClawEvalRollout | None = None
 
     def claw_tasks(self) -> list[ClawTask]:
-        tasks = (load_tasks(self.config.path, self.config.format) if self.config.path
-                 else builtin_tasks())
-        if self.config.categories:
-            tasks = [t for t in tasks if t.category in self.config.categories]
+        """The tasks that run here. The others (unreadable, or needing what this run does
+        not have) are listed on stderr with their reasons and counted, never scored."""
+        loaded = (load_tasks(self.config.path, self.config.format) if self.config.path
+                  else builtin_tasks())
+        skipped = list(loaded.skipped)
+        tasks: list[ClawTask] = []
+        for task in loaded:
+            if self.config.categories and task.category not in self.config.categories:
+                continue
+            why = self.skipped(task)
+            if why is None:
+                tasks.append(task)
+            else:
+                skipped.append(why)
+        report_skipped(loaded[0].format if loaded else "claw", skipped, len(tasks))
         return tasks
+
+    def skipped(self, task: ClawTask) -> SkippedTask | None:
+        """`task` as skipped when this run cannot score it, else None."""
+        if task.claw_eval is not None:
+            return claw_eval.skipped(task, judged=self.judge is not None)
+        why = qwenclawbench_grading.unscorable(task, self.scoring)
+        return SkippedTask(id=task.id, reason=why) if why else None
 
     def tasks(self, split: str | None = None) -> Iterable[Task]:
         for ct in self.claw_tasks():
@@ -93,11 +166,18 @@ class ClawEnvironment(Environment):
 
     def prepare(self, task: Task, workspace: Path) -> None:
         ct = claw_task(task)
+        if ct.claw_eval is not None:
+            self.claw_eval = ClawEvalRollout(ct.claw_eval, self.config.python,
+                                             self.config.service_env)
+            self.claw_eval.prepare(workspace)
+            return
         root = Path(ct.root) if ct.root else None
         if root is not None and (root / ct.fixtures).is_dir():
             _copy_tree(root / ct.fixtures, workspace)
         for wf in ct.workspace_files:
             src = (root or Path(".")) / wf.source
+            if not src.exists():
+                raise OpenforgeError(f"task {ct.id}: data file {src} is missing")
             target = workspace / wf.dest
             target.parent.mkdir(parents=True, exist_ok=True)
             if src.is_dir():
@@ -116,8 +196,37 @@ class ClawEnvironment(Environment):
         hints.mkdir(exist_ok=True)
         for name, url in urls.items():
             (hints / f"{name}.url").write_text(url)
-            # The harness process inherits the rollout's environment.
-            os.environ[f"CLAW_{name.upper().replace('-', '_')}_URL"] = url
+
+    def mcp_servers(self, task: Task, workspace: Path) -> list[McpServer]:
+        ct = claw_task(task)
+        return claw_eval_mcp_servers(ct.claw_eval, workspace, self.config.python) \
+            if ct.claw_eval else []
+
+    def data_paths(self, task: Task) -> list[Path]:
+        """The read-only data `prepare` and the graders read outside the workspace, mapped
+        into the agent's sandbox: the task's folder; a missing one is an error naming it.
+
+        For a QwenClawBench task exactly its asset files: the rest of `assets/<id>/` may
+        hold answer keys and data generators.
+
+        None for a Claw-Eval task: its reward reads the checkout (the grader, its grader-only
+        files such as verify scripts with the answers, `claw_eval` itself), and showing the
+        agent those files would show it the answers. The grader runs on the trusted side,
+        where the checkout is; the agent gets its own files as copies in the workspace.
+        """
+        ct = claw_task(task)
+        if ct.claw_eval is not None:
+            return []
+        root = Path(ct.root) if ct.root else None
+        if ct.format != "qwenclawbench":
+            if root is not None and not root.is_dir():
+                raise OpenforgeError(f"task {ct.id}: its folder {root} is missing")
+            return [root] if root is not None else []
+        paths = [(root or Path(".")) / wf.source for wf in ct.workspace_files]
+        for path in paths:
+            if not path.exists():
+                raise OpenforgeError(f"task {ct.id}: data file {path} is missing")
+        return paths
 
     def final_state(self, task: Task, workspace: Path) -> dict[str, Any]:
         files: dict[str, Any] = {}
@@ -134,10 +243,30 @@ class ClawEnvironment(Environment):
                 except UnicodeDecodeError:
                     pass
             files["/".join(rel_parts)] = entry
+        if self.claw_eval is not None:
+            return {"files": files, "claw_eval": self.claw_eval.final_state(workspace)}
         return {"files": files, "services": self.services.snapshot()}
 
     def check(self, task: Task, workspace: Path, final_state: dict[str, Any]) -> RewardResult:
-        return grade(claw_task(task), workspace, final_state)
+        return self.score(task, workspace, final_state, None)
+
+    def score(self, task: Task, workspace: Path, final_state: dict[str, Any],
+              calls: list[Call] | None) -> RewardResult:
+        """The task's verdict, the single entry of `claw-grader`: a benchmark task's own
+        grader (Claw-Eval's `grader.py`; QwenClawBench's automated checks and judge), else
+        openforge-claw's checks."""
+        ct = claw_task(task)
+        if ct.claw_eval is not None:
+            return grade_claw_eval(ct.claw_eval, ct.prompt, final_state, calls,
+                                   category_name=ct.category, judge=self.judge,
+                                   python=self.config.python,
+                                   timeout_s=self.config.grader_timeout_s)
+        if ct.qwenclawbench is not None:
+            return qwenclawbench_grading.score(ct, workspace, final_state, calls, self.scoring)
+        return grade(ct, workspace, final_state, calls)
 
     def close(self) -> None:
+        if self.claw_eval is not None:
+            self.claw_eval.close()
+            self.claw_eval = None
         self.services.stop()

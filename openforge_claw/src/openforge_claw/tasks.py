@@ -28,6 +28,7 @@ The built-in task set ships in `openforge_claw/tasks/`.
 
 from __future__ import annotations
 
+import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -36,6 +37,7 @@ import yaml
 from openforge.errors import OpenforgeError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from openforge_claw.claweval.spec import ClawEvalTask
 from openforge_claw.services import ServiceSpec
 
 TASK_FILE = "task.yaml"
@@ -79,6 +81,70 @@ class WorkspaceFile(BaseModel):
     dest: str
 
 
+class QwenClawBenchGrading(BaseModel):
+    """How QwenClawBench grades one task (`formats/qwenclawbench.py`, `qwenclawbench_grading.py`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grading_type: Literal["automated", "llm_judge", "hybrid"]
+    code: str | None = None  # `## Automated Checks`: defines grade(transcript, workspace_path)
+    weights: dict[str, float] | None = None  # {automated: w_a, llm_judge: w_l}
+    expected_behavior: str = ""
+    judge_rubric: str = ""  # `## LLM Judge Rubric`, else the grading criteria as a list
+    external_dependency: str | None = None
+
+
+class SkippedTask(BaseModel):
+    """A task that cannot run here: listed with its reason and counted, never scored.
+
+    Every format skips the same way: its loader puts a task it cannot read into
+    `TaskList.skipped`, and the environment adds the tasks this run cannot score (no
+    judge, the real web, ...); `report_skipped` prints them all. `reason` is what the
+    count groups by (the same words for every task skipped alike); `detail` is this
+    task's own part (the parse error, the missing file).
+    """
+
+    id: str
+    reason: str
+    detail: str = ""
+
+
+UNREADABLE = "unreadable task file"
+
+
+class TaskList(list["ClawTask"]):
+    """Loaded tasks, plus the ones that were skipped (a broken task never sinks the load)."""
+
+    def __init__(self, tasks: Any = (), skipped: list[SkippedTask] | None = None) -> None:
+        super().__init__(tasks)
+        self.skipped: list[SkippedTask] = list(skipped or [])
+
+
+_SHOWN = 8  # task ids named per reason; the rest are counted
+_DETAIL = 300
+
+
+def report_skipped(source: str, skipped: list[SkippedTask], runnable: int) -> None:
+    """On stderr: how many tasks of `source` run and how many are skipped, then one line
+    per reason with its count and the tasks it skips, each with its detail."""
+    if not skipped:
+        return
+    by_reason: dict[str, list[SkippedTask]] = {}
+    for s in skipped:
+        by_reason.setdefault(s.reason, []).append(s)
+    print(f"{source}: {runnable + len(skipped)} tasks, {runnable} runnable, {len(skipped)} "
+          f"skipped:", file=sys.stderr)
+    for reason, tasks in by_reason.items():
+        details = {s.detail for s in tasks}
+        # A detail that several tasks share is said once, after the reason.
+        shared = details.pop() if len(tasks) > 1 and len(details) == 1 else ""
+        named = [f"{s.id} ({s.detail[:_DETAIL]})" if s.detail and not shared else s.id
+                 for s in tasks[:_SHOWN]]
+        more = f" and {len(tasks) - _SHOWN} more" if len(tasks) > _SHOWN else ""
+        why = f"{reason}: {shared[:_DETAIL]}" if shared else reason
+        print(f"  {len(tasks)} skipped: {why} [{'; '.join(named)}{more}]", file=sys.stderr)
+
+
 class ClawTask(BaseModel):
     """A claw task, whatever format it was read from; `root` is its folder (fixtures)."""
 
@@ -100,6 +166,8 @@ class ClawTask(BaseModel):
     fixtures: str = "fixtures"
     files: dict[str, str] = Field(default_factory=dict)  # inline fixture files
     workspace_files: list[WorkspaceFile] = Field(default_factory=list)
+    claw_eval: ClawEvalTask | None = None  # format claw-eval: what its rollout and grader need
+    qwenclawbench: QwenClawBenchGrading | None = None  # format qwenclawbench: how it is graded
 
     def full_prompt(self) -> str:
         return self.prompt.rstrip() + (SERVICE_HINT if self.services else "")
@@ -124,9 +192,13 @@ def _validate(data: Any, where: str) -> ClawTask:
         raise TaskLoadError(f"{where}: {loc}: {err['msg']}") from None
 
 
+# libyaml's loader when PyYAML has it: a benchmark checkout holds hundreds of task files.
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def read_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.load(path.read_text(), Loader=_SAFE_LOADER)  # noqa: S506 (a safe loader)
     except (OSError, yaml.YAMLError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TaskLoadError(f"{path}: cannot read it as YAML: {first}") from None
@@ -159,8 +231,9 @@ def detect_format(path: Path) -> Format:
                         f"files)")
 
 
-def load_tasks(path: Path | str, fmt: str = "auto") -> list[ClawTask]:
-    """Every task under `path` (a task folder, a folder of task folders, or a task file)."""
+def load_tasks(path: Path | str, fmt: str = "auto") -> TaskList:
+    """Every task under `path` (a task folder, a folder of task folders, or a task file);
+    the benchmark formats list the tasks they cannot read in the result's `skipped`."""
     path = Path(path).expanduser()
     if not path.exists():
         raise TaskLoadError(f"{path}: no such file or folder")
@@ -177,17 +250,17 @@ def load_tasks(path: Path | str, fmt: str = "auto") -> list[ClawTask]:
         raise TaskLoadError(f"unknown task format {fmt!r}; use auto, claw, claw-eval or "
                             f"qwenclawbench")
     if (path / TASK_FILE).is_file():
-        return [load_native(path)]
+        return TaskList([load_native(path)])
     tasks = [load_native(d) for d in sorted(path.iterdir()) if (d / TASK_FILE).is_file()]
     if not tasks:
         raise TaskLoadError(f"{path}: no task folders with a {TASK_FILE}")
-    return tasks
+    return TaskList(tasks)
 
 
 def builtin_root() -> Path:
     return Path(str(resources.files("openforge_claw").joinpath("tasks")))
 
 
-def builtin_tasks() -> list[ClawTask]:
+def builtin_tasks() -> TaskList:
     """The built-in task set shipped with the package."""
     return load_tasks(builtin_root(), "claw")

@@ -85,11 +85,17 @@ class Message(BaseModel):
 
 
 class Tool(BaseModel):
-    """A function the policy may call (JSON-schema parameters)."""
+    """A function the policy may call (JSON-schema parameters).
+
+    `namespace` is set for a function the client grouped under a namespace (Codex's MCP
+    tools, OpenAI Responses `namespace` tools): `name` is then `<namespace>__<function>`,
+    the one name the policy sees and calls; the dialect splits it again in its answer.
+    """
 
     name: str
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    namespace: str | None = None
 
     def to_renderer(self) -> dict[str, Any]:
         return {"type": "function", "function": {

@@ -24,6 +24,22 @@ from openforge.executors.process import die_with_parent
 _READY_TIMEOUT_S = 20.0
 
 
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """End a process started with `start_new_session` and everything in its group:
+    SIGTERM, then SIGKILL when it does not go within 3 s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=3)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    proc.wait()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -73,17 +89,7 @@ class CommandService:
     def stop(self) -> None:
         if self.proc is None:
             return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=3)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        self.proc.wait()
+        stop_group(self.proc)
         self.proc = None
 
     def snapshot(self) -> dict[str, Any]:

@@ -11,6 +11,10 @@ Permissions: a rollout is unattended, so `permissions = "skip"` (the default) pa
 which the harness sets (openforge's executor is the sandbox). `permissions = "allowed"`
 instead passes `--allowedTools` with `allowed_tools`.
 
+The task's MCP servers (`ctx.mcp_servers`) go into `<config dir>/mcp.json`, passed with
+`--mcp-config` and `--strict-mcp-config` (no other MCP config is read); their tools reach
+the model as `mcp__<server>__<tool>`, and `permissions = "allowed"` allows them too.
+
 The task goes in on stdin. Output is `--output-format stream-json --verbose`: one line
 per assistant content block (blocks of one model response share a message id, which
 counts the model requests of the main loop) and a final `result` object.
@@ -99,10 +103,18 @@ class ClaudeCodeHarness(NpmHarness):
         }
         return {**base, **self.config.settings}
 
+    @classmethod
+    def mcp_config_path(cls, ctx: HarnessContext) -> Path:
+        return cls.config_dir(ctx) / "mcp.json"
+
     def prepare(self, ctx: HarnessContext) -> None:
         folder = self.config_dir(ctx)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "settings.json").write_text(json.dumps(self.settings(), indent=2) + "\n")
+        if ctx.mcp_servers:
+            servers = {s.name: {"type": "stdio", "command": s.command, "args": s.args,
+                                "env": s.env} for s in ctx.mcp_servers}
+            self.mcp_config_path(ctx).write_text(json.dumps({"mcpServers": servers}, indent=2))
 
     def environment(self, ctx: HarnessContext) -> dict[str, str]:
         env = {
@@ -128,11 +140,14 @@ class ClaudeCodeHarness(NpmHarness):
         if self.config.permissions == "skip":
             argv.append("--dangerously-skip-permissions")
         else:
-            argv += ["--allowedTools", ",".join(self.config.allowed_tools)]
+            mcp = [f"mcp__{s.name}" for s in ctx.mcp_servers]
+            argv += ["--allowedTools", ",".join([*self.config.allowed_tools, *mcp])]
         if self.config.disallowed_tools:
             argv += ["--disallowedTools", ",".join(self.config.disallowed_tools)]
         if self.config.max_turns is not None:
             argv += ["--max-turns", str(self.config.max_turns)]
+        if ctx.mcp_servers:
+            argv += ["--mcp-config", str(self.mcp_config_path(ctx)), "--strict-mcp-config"]
         return Command(argv=argv, env=self.environment(ctx), cwd=ctx.workspace,
                        stdin=ctx.task.prompt)
 

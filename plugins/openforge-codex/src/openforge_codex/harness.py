@@ -12,6 +12,12 @@ sandbox that would need a second user namespace; `sandbox = "none"` (the default
 `--dangerously-bypass-approvals-and-sandbox`, which is what Codex documents for
 "environments that are externally sandboxed". The other values are Codex's own modes.
 
+The task's MCP servers (`ctx.mcp_servers`) go into the same file as `[mcp_servers.<name>]`
+(`command`, `args`, `env`), `required = true`: `codex exec` then waits for each server's
+tools before its first request (otherwise that request goes out without them) and fails
+when one cannot start. Codex offers a server's tools as the Responses `namespace`
+`mcp__<name>`; the gateway shows them to the policy as `mcp__<name>__<tool>`.
+
 Counting model requests: each Responses request Codex makes is followed in its session
 file (`$CODEX_HOME/sessions/**/rollout-*.jsonl`) by one `token_count` event; the harness
 returns that file as its transcript together with the `--json` events.
@@ -46,6 +52,7 @@ BIN_ENV = "OPENFORGE_CODEX_BIN"
 KEY_ENV = "OPENFORGE_SESSION_TOKEN"  # the provider's env_key: Codex reads the key from it
 PROVIDER = "openforge"
 LAST_MESSAGE = "codex-last-message.txt"
+MCP_STARTUP_TIMEOUT_S = 60  # a Python MCP server starts in ~1 s, more on a loaded machine
 
 Sandbox = Literal["none", "read-only", "workspace-write", "danger-full-access"]
 
@@ -112,6 +119,11 @@ class CodexHarness(NpmHarness):
                 "stream_idle_timeout_ms": cfg.stream_idle_timeout_ms,
             }},
         }
+        if ctx.mcp_servers:
+            base["mcp_servers"] = {s.name: {"command": s.command, "args": s.args, "env": s.env,
+                                            "required": True,
+                                            "startup_timeout_sec": MCP_STARTUP_TIMEOUT_S}
+                                   for s in ctx.mcp_servers}
         return merge_config(base, cfg.config)
 
     def prepare(self, ctx: HarnessContext) -> None:

@@ -3,6 +3,9 @@
 OpenClaw reads one JSON5 file (`--config`); plain JSON is valid JSON5, so the file is
 written with `json`. It declares one custom provider, `of`, whose endpoint is the
 session URL and whose key is the session token, and makes `of/<model>` the primary model.
+The task's MCP servers (`ctx.mcp_servers`) go under `mcp.servers` (stdio), with OpenClaw's
+Tool Search off (`tools.toolSearch: false`) so their tools reach the model as direct tools,
+not behind `tool_search` / `tool_call`.
 """
 
 from __future__ import annotations
@@ -67,11 +70,21 @@ def build_config(ctx: HarnessContext, options: OpenClawOptions) -> dict[str, Any
         "agents": {"defaults": {"model": {"primary": f"{PROVIDER}/{ctx.model}"},
                                 "workspace": str(ctx.workspace)}},
     }
+    if ctx.mcp_servers:
+        base["mcp"] = {"servers": {s.name: {"transport": "stdio", "command": s.command,
+                                            "args": s.args, "env": s.env, "enabled": True}
+                                   for s in ctx.mcp_servers}}
+        base["tools"] = {"toolSearch": False}
     return merge_config(base, options.config)
 
 
 def config_path(ctx: HarnessContext) -> Path:
     return ctx.home / ".openclaw" / CONFIG_FILE
+
+
+def state_path(ctx: HarnessContext) -> Path:
+    """OpenClaw's state directory for the run (`--state-dir`): sessions, caches, databases."""
+    return ctx.home / ".openclaw" / "state"
 
 
 def prompt_path(ctx: HarnessContext) -> Path:

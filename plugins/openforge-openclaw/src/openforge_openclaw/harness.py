@@ -7,9 +7,11 @@ handed to the rollouts as the options `bin` and `node`.
 
 Per rollout the config (`config.build_config`) goes into the rollout's isolated HOME and
 is passed with `--config`, so the user's `~/.openclaw` is never read. `agent exec` runs
-the embedded agent with a temporary state directory, the `coding` tool profile
+the embedded agent, the `coding` tool profile
 (`exec`, `read`, `write`, `edit`, `apply_patch`, ...), no sandbox of its own and file
-tools restricted to `--cwd` (the workspace): what an unattended rollout needs.
+tools restricted to `--cwd` (the workspace): what an unattended rollout needs. Its state
+directory (`--state-dir`, in the rollout's HOME) is kept until the run ends, so the
+session's own events (`session.py`) come back in the transcript as `session_events`.
 
 The wire API is chosen per run by the option `api`: `chat` (OpenAI chat completions),
 `responses` (OpenAI Responses) or `messages` (Anthropic Messages). OpenClaw always
@@ -50,9 +52,11 @@ from openforge_openclaw.config import (
     OpenClawOptions,
     config_path,
     prompt_path,
+    state_path,
     write_config,
 )
 from openforge_openclaw.envelope import model_requests, parse_envelope, to_output
+from openforge_openclaw.session import read_events
 
 BIN_ENV = "OPENFORGE_OPENCLAW_BIN"
 # Seconds rollout.py keeps back from the harness (its _RESERVE_S) for scoring and reporting.
@@ -147,6 +151,7 @@ class OpenClawHarness(Harness):
 
     def prepare(self, ctx: HarnessContext) -> None:
         write_config(ctx, self.config)
+        state_path(ctx).mkdir(parents=True, exist_ok=True)
         # The prompt goes through a file: a task that starts with `-` is not a flag.
         prompt_path(ctx).write_text(ctx.task.prompt)
 
@@ -159,7 +164,9 @@ class OpenClawHarness(Harness):
         cfg = config_path(ctx)
         argv = [*self.program(), "agent", "exec", "--config", str(cfg),
                 "--model", f"{PROVIDER}/{ctx.model}", "--cwd", str(ctx.workspace),
-                "--timeout", str(self.agent_timeout_s(ctx)), "--json"]
+                "--timeout", str(self.agent_timeout_s(ctx)), "--json",
+                # A state directory that outlives the run: its session events are read back.
+                "--state-dir", str(state_path(ctx))]
         if self.config.thinking:
             argv += ["--thinking", self.config.thinking]
         argv += ["--message-file", str(prompt_path(ctx))]
@@ -177,6 +184,10 @@ class OpenClawHarness(Harness):
         if isinstance(output.transcript, dict):
             output.transcript["model_requests"] = model_requests(parse_envelope(proc.stdout))
             output.transcript["api"] = self.config.api
+            # OpenClaw's own session transcript (what QwenClawBench's graders read).
+            sid = output.transcript.get("sessionId")
+            output.transcript["session_events"] = read_events(
+                state_path(ctx), sid if isinstance(sid, str) else None)
         return output
 
 

@@ -7,6 +7,10 @@ responses and is refused with a message saying so.
 The items of one assistant turn (reasoning, a text message, function calls) arrive as
 separate `input` items; they are merged back into one assistant `Message`, so the
 rendered history matches what the policy generated.
+
+Functions grouped in a `namespace` tool (Codex puts each MCP server's tools in one,
+`mcp__<server>`) reach the policy as `<namespace>__<function>`; a call of such a name goes
+back as `{"name": <function>, "namespace": <namespace>}`, the form Codex runs.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from openforge.gateway.dialects.base import (
 )
 from openforge.gateway.dialects.memo import OPEN, HistoryMemo, Resume, resume
 
+NAMESPACE_SEPARATOR = "__"
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 
@@ -141,6 +146,9 @@ def _add_item(history: _History, raw: Any, i: int) -> None:
         if not call_id or not name:
             raise DialectError(f"'{where}' (function_call) needs 'call_id' and 'name'")
         arguments = tool_arguments(item.get("arguments"), f"{where}.arguments")
+        namespace = opt_str(item, "namespace", f"{where}.namespace")
+        if namespace:
+            name = f"{namespace}{NAMESPACE_SEPARATOR}{name}"
         history.add_call(ToolCall(id=call_id, name=name, arguments=arguments))
     elif kind == "function_call_output":
         call_id = opt_str(item, "call_id", f"{where}.call_id")
@@ -155,13 +163,26 @@ def _add_item(history: _History, raw: Any, i: int) -> None:
 
 
 def _read_tools(value: Any) -> list[Tool]:
-    """Function tools; Codex's `namespace`, hosted `web_search`, `custom` etc. are ignored."""
+    """Function tools, also those inside a `namespace` tool; hosted `web_search`, `custom`
+    etc. are ignored (the policy could not call them)."""
     tools: list[Tool] = []
     for i, raw in enumerate(as_list(value, "tools")):
-        tool = require_object(raw, f"tools[{i}]")
-        if tool.get("type") != "function":
-            continue
-        tools.append(read_tool(tool, f"tools[{i}]", "parameters"))
+        where = f"tools[{i}]"
+        tool = require_object(raw, where)
+        if tool.get("type") == "function":
+            tools.append(read_tool(tool, where, "parameters"))
+        elif tool.get("type") == "namespace":
+            namespace = opt_str(tool, "name", f"{where}.name")
+            if not namespace:
+                raise DialectError(f"'{where}.name' is required for a namespace tool")
+            for j, inner in enumerate(as_list(tool.get("tools") or [], f"{where}.tools")):
+                inner = require_object(inner, f"{where}.tools[{j}]")
+                if inner.get("type") != "function":
+                    continue
+                function = read_tool(inner, f"{where}.tools[{j}]", "parameters")
+                function.name = f"{namespace}{NAMESPACE_SEPARATOR}{function.name}"
+                function.namespace = namespace
+                tools.append(function)
     return tools
 
 
@@ -176,8 +197,10 @@ def usage(completion: Completion) -> dict[str, Any]:
     }
 
 
-def _output_items(completion: Completion, response_id: str) -> list[dict[str, Any]]:
+def _output_items(completion: Completion, response_id: str,
+                  request: ChatRequest | None = None) -> list[dict[str, Any]]:
     """The finished output items: reasoning?, message?, function calls."""
+    namespaces = {t.name: t.namespace for t in request.tools if t.namespace} if request else {}
     msg = completion.message
     suffix = id_suffix(response_id)
     items: list[dict[str, Any]] = []
@@ -196,10 +219,13 @@ def _output_items(completion: Completion, response_id: str) -> list[dict[str, An
                          "logprobs": []}],
         })
     for call in msg.tool_calls:
-        items.append({
-            "type": "function_call", "id": f"fc_{call.id}", "call_id": call.id,
-            "name": call.name, "arguments": call.arguments, "status": "completed",
-        })
+        item = {"type": "function_call", "id": f"fc_{call.id}", "call_id": call.id,
+                "name": call.name, "arguments": call.arguments, "status": "completed"}
+        namespace = namespaces.get(call.name)
+        if namespace:
+            item.update(name=call.name[len(namespace) + len(NAMESPACE_SEPARATOR):],
+                        namespace=namespace)
+        items.append(item)
     return items
 
 
@@ -353,7 +379,7 @@ class ResponsesDialect(Dialect):
     ) -> dict[str, Any]:
         return self._response_object(
             response_id=response_id, model=model, created=created, request=request,
-            status="completed", output=_output_items(completion, response_id),
+            status="completed", output=_output_items(completion, response_id, request),
             usage_=usage(completion),
         )
 
@@ -380,7 +406,7 @@ class ResponsesDialect(Dialect):
         )
         yield event("response.created", response=start)
         yield event("response.in_progress", response=start)
-        items = _output_items(completion, response_id)
+        items = _output_items(completion, response_id, request)
         for index, item in enumerate(items):
             yield from _stream_item(event, index, item)
         yield event("response.completed", response=self.response(

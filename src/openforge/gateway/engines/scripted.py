@@ -5,8 +5,10 @@ the exact completion ids the chat template would hold for that assistant turn (e
 its stop token), so everything downstream (parsing, bridging, recording, training data)
 runs on the real path. Logprobs are 0.0.
 
-Script format (YAML or JSON): a list of entries, the first whose `match` regex is found in
-the conversation's first user message wins (no `match`: any)::
+Script format (YAML or JSON): a list of entries; the first whose `match` regex is found in
+the conversation's first user message wins, else in its next user message, and so on (a
+harness may send its own context before the task, as Codex does); an entry without
+`match` takes any conversation no other entry matched::
 
     - match: "list files"
       replies:
@@ -145,18 +147,23 @@ class ScriptedEngine(Engine):
 
     def pick(self, chat: ChatRequest | None) -> tuple[int, int, ScriptReply]:
         """(entry index, reply index, reply) for this conversation's next assistant turn."""
-        first_user = ""
+        users: list[str] = [""]
         turns = 0
         if chat is not None:
-            first_user = next((m.content for m in chat.messages if m.role == "user"),
-                              chat.raw_prompt or "")
+            users = [m.content for m in chat.messages if m.role == "user"] or [
+                chat.raw_prompt or ""]
             turns = sum(1 for m in chat.messages if m.role == "assistant")
-        for i, (entry, pattern) in enumerate(zip(self.script.entries, self._patterns, strict=True)):
-            if pattern is None or pattern.search(first_user):
-                j = min(turns, len(entry.replies) - 1)
-                return i, j, entry.replies[j]
-        raise EngineError("scripted engine: no script entry matches the first user message "
-                          f"{first_user[:80]!r}", 502)
+        entries = list(enumerate(zip(self.script.entries, self._patterns, strict=True)))
+        found = next((i for text in users for i, (_, pattern) in entries
+                      if pattern is not None and pattern.search(text)), None)
+        if found is None:
+            found = next((i for i, (_, pattern) in entries if pattern is None), None)
+        if found is None:
+            raise EngineError("scripted engine: no script entry matches the user messages "
+                              f"{' | '.join(u[:60] for u in users)[:240]!r}", 502)
+        entry = self.script.entries[found]
+        j = min(turns, len(entry.replies) - 1)
+        return found, j, entry.replies[j]
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         if self.delay_s > 0:

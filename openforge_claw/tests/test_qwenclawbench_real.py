@@ -1,0 +1,99 @@
+"""Acceptance on the real QwenClawBench (github:SKYLENAGE-AI/QwenClawBench): set
+OPENFORGE_QCB_PATH to a checkout (its root, holding data/ and scripts/). Every task loads;
+the scripted solutions in openforge_claw/solutions pass the benchmark's own graders through
+`mini` (and, with OPENFORGE_E2E=1, through OpenClaw) and their wrong twins fail; pass@k and
+pass^k equal what the benchmark's own scripts/lib_grading.py computes from the same runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import SOLUTIONS
+
+from openforge_claw.tasks import load_tasks
+
+ROOT = os.environ.get("OPENFORGE_QCB_PATH")
+pytestmark = pytest.mark.skipif(
+    not ROOT, reason="set OPENFORGE_QCB_PATH to a QwenClawBench checkout (github:"
+                     "SKYLENAGE-AI/QwenClawBench); docs/claw.md has the commands")
+DATASET = "data/qwenclawbench-v1.1-100"
+
+
+def _solved_ids() -> list[str]:
+    entries = yaml.safe_load((SOLUTIONS / "qwenclawbench_mini.yaml").read_text())
+    tasks = load_tasks(Path(ROOT or ".") / DATASET)
+    return [next(t.id for t in tasks if re.search(e["match"], t.prompt)) for e in entries]
+
+
+def test_every_real_task_loads() -> None:
+    tasks = load_tasks(Path(ROOT or ".") / DATASET)
+    assert len(tasks) == 100 and not tasks.skipped
+    assert sum(len(t.workspace_files) for t in tasks) == 1164
+    assert sum(len(t.files) for t in tasks) == 23
+    assert all(t.qwenclawbench and compile(t.qwenclawbench.code or "", t.id, "exec")
+               for t in tasks)
+
+
+def _run(harness: str, script: Path, runs: Path, k: int):
+    from openforge.config import EngineConfig, RunConfig
+    from openforge.runner import read_results, run_from_config
+    from openforge.types import SamplingParams
+
+    config = RunConfig(
+        harness=harness, environment="claw", reward="claw-grader", concurrency=2, k=k,
+        # The solutions write whole reports in one reply: more than the default budgets.
+        sampling=SamplingParams(max_tokens=4096),
+        harness_options={"max_tokens": 4096} if harness == "mini" else {},
+        environment_options={"path": str(Path(ROOT or ".") / DATASET), "scoring": "automated"},
+        tasks=_solved_ids(), timeout_s=300, runs_dir=runs,
+        engine=EngineConfig(name="scripted", options={"script": str(script)}))
+    result = run_from_config(config)
+    return result.run_dir, read_results(result.run_dir)
+
+
+def _benchmark_pass_k(records, k: int) -> dict[str, float]:
+    """pass@k / pass^k by the benchmark's own code, from the same per-run scores."""
+    sys.path.insert(0, str(Path(ROOT or ".") / "scripts"))
+    try:
+        from lib_grading import pass_k_stats  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    grades: dict[str, dict[str, list[dict[str, float]]]] = {}
+    for r in records:
+        grades.setdefault(r.task_id, {"runs": []})["runs"].append({"score": r.reward})
+    return pass_k_stats(grades, k)
+
+
+@pytest.mark.parametrize("harness", ["mini", "openclaw"])
+def test_solutions_pass_the_benchmarks_graders_and_wrong_ones_fail(
+        tmp_path: Path, harness: str) -> None:
+    import json
+
+    if harness == "openclaw":
+        if os.environ.get("OPENFORGE_E2E") != "1":
+            pytest.skip("real OpenClaw from npm: set OPENFORGE_E2E=1")
+        pytest.importorskip("openforge_openclaw", reason="pip install ./plugins/openforge-openclaw")
+    k = 2 if harness == "mini" else 1
+    run_dir, right = _run(harness, SOLUTIONS / f"qwenclawbench_{harness}.yaml",
+                          tmp_path / "right", k)
+    assert len(right) == 10 * k
+    assert all(r.status == "ok" and r.passed and r.reward == 1.0 for r in right), [
+        (r.task_id, r.status, r.error, r.reward_details.get("automated_breakdown"))
+        for r in right if not r.passed]
+    source = "openclaw" if harness == "openclaw" else "recorded calls"
+    assert all(r.reward_details["transcript_source"] == source for r in right)
+    report = json.loads((run_dir / "report.json").read_text())
+    ours = {f"pass@{i}": report["pass_at_k"][str(i)] for i in range(1, k + 1)} | {
+        f"pass^{i}": report["pass_hat_k"][str(i)] for i in range(1, k + 1)}
+    theirs = _benchmark_pass_k(right, k)
+    assert ours == {key: theirs[key] for key in ours} == {key: 1.0 for key in ours}
+    _, wrong = _run(harness, SOLUTIONS / f"qwenclawbench_wrong_{harness}.yaml",
+                    tmp_path / "wrong", 1)
+    assert len(wrong) == 10 and all(r.status == "ok" and not r.passed for r in wrong)
+    assert _benchmark_pass_k(wrong, 1)["pass@1"] == 0.0
