@@ -276,7 +276,11 @@ async def open_sessions(url: str, n: int) -> list[dict[str, str]]:
 
 
 async def drive(endpoints: list[str], tokens: list[str], turns: int, profile: str) -> Load:
-    """One conversation per endpoint, all at once, each `turns` calls with a growing history."""
+    """One conversation per endpoint, all at once, each `turns` calls with a growing history.
+
+    What the harness adds each turn names its session (`k`): texts shared by every session
+    would be tokenized once for all of them, which real tool outputs are not. The system
+    prompt and the tools are the same in every session, as they are for one harness."""
     latencies: list[float] = []
     windows: list[tuple[float, float]] = []
     connector = aiohttp.TCPConnector(limit=0)
@@ -302,11 +306,11 @@ async def drive(endpoints: list[str], tokens: list[str], turns: int, profile: st
                              "tool_calls": calls})
             if profile == "tools" or calls:  # the harness runs the tool, sends its output
                 for tc in calls:
-                    messages.append({"role": "tool", "tool_call_id": tc["id"],
-                                     "content": f"step {turn}: 12 passed, {turn} warnings\n" * 4})
+                    messages.append({"role": "tool", "tool_call_id": tc["id"], "content":
+                                     f"step {turn} of task {k}: 12 passed, {turn} warnings\n" * 4})
             else:  # the user reads the answer and writes again
                 messages.append({"role": "user", "content":
-                                 f"Thanks. Now step {turn}: also cover the edge case {turn}."})
+                                 f"Thanks. Now step {turn} of task {k}: also cover edge case {turn}."})
 
     async with aiohttp.ClientSession(connector=connector) as h:
         t0 = time.perf_counter()

@@ -28,6 +28,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from openforge.gateway import json_process
 from openforge.gateway.conversation import ChatRequest, Completion, Message, ToolCall
 from openforge.gateway.dialects import DIALECTS, KEEPALIVE_FRAME, Dialect, DialectError
 from openforge.gateway.dialects.anthropic import AnthropicDialect, count_tokens_response
@@ -881,6 +882,58 @@ def test_load_json_rejects_bad_bodies(raw: bytes, needle: str) -> None:
     with pytest.raises(DialectError) as err:
         load_json(raw)
     assert err.value.status == 400 and needle in err.value.message
+
+
+PAD = b" " * (json_process.PROCESS_BYTES + 1)  # JSON whitespace: the body becomes "large"
+
+
+@pytest.mark.parametrize(("raw", "needle"), [
+    (b"{not json" + PAD, "not valid JSON"),
+    (b"[" + b"1" * 5000 + b"]" + PAD, "not valid JSON"),
+    (b"{\"a\": \"\xff\"}" + PAD, "UTF-8"),
+    (b"[" * 100_000 + b"]" * 100_000 + PAD, "nested too deeply"),
+    (b'{"messages": "\\ud800"}' + PAD, "surrogate"),
+    (b'{"messages": ["ok", "\xed\xa0\x80"]}' + PAD, "surrogate"),  # as UTF-8 bytes
+    (b'{"messages": "\xed\xa0\x80"}', "surrogate"),
+])
+def test_large_bodies_are_refused_as_small_ones_are(raw: bytes, needle: str) -> None:
+    test_load_json_rejects_bad_bodies(raw, needle)
+
+
+def test_large_bodies_are_decoded_in_the_helper_process_to_the_same_value(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    value = {"model": "m", "seed": 2**70, "n": -(2**65), "x": [1.5, -0.0, 1e300, None, True],
+             "messages": [{"role": "user", "content": "h\u00e9llo \U0001F600 " * 100_000}]}
+    raw = json.dumps(value).encode()
+    assert len(raw) > json_process.PROCESS_BYTES
+    decoded_here: list[int] = []
+    real_loads = json.loads
+
+    def counting(data: Any, *args: Any, **kwargs: Any) -> Any:
+        decoded_here.append(len(data))
+        return real_loads(data, *args, **kwargs)
+
+    monkeypatch.setattr(json_process.json, "loads", counting)
+    assert load_json(raw) == value  # big integers stay integers
+    assert decoded_here == []  # the helper decoded it
+    assert load_json(b'{"small": 1}') == {"small": 1} and decoded_here == [12]
+
+
+def test_large_bodies_are_decoded_here_when_the_helper_cannot_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(json_process, "_helper", None)
+    monkeypatch.setattr(json_process.sys, "executable", "/nonexistent/python")
+    raw = json.dumps({"content": "x" * (json_process.PROCESS_BYTES + 1)}).encode()
+    assert load_json(raw) == {"content": "x" * (json_process.PROCESS_BYTES + 1)}
+    # A helper that dies between bodies is replaced by a new one.
+    monkeypatch.undo()
+    load_json(raw)
+    assert json_process._helper is not None
+    first = json_process._helper[1]
+    first.kill()
+    first.wait()
+    assert load_json(raw)["content"] == "x" * (json_process.PROCESS_BYTES + 1)
+    assert json_process._helper is not None and json_process._helper[1] is not first
 
 
 def test_load_json_keeps_escaped_surrogate_pairs() -> None:

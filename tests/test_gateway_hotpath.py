@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures_model import SHELL_TOOL, chat, tiny_bundle  # noqa: F401  (pytest fixture)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from openforge.gateway.conversation import ChatRequest
+from openforge.gateway.branches import SessionTokens
+from openforge.gateway.conversation import ChatRequest, Message
 from openforge.gateway.dialects import DIALECTS, DialectError
 from openforge.gateway.dialects.memo import HistoryMemo, fingerprint
+from openforge.gateway.model import FastTokenizer, ModelBundle, SharedTexts
 from openforge.store import COMPRESS_OVER, Store
 from openforge.types import Call, Session
 
@@ -278,3 +281,59 @@ def test_background_checkpoints_keep_commits_and_stop_on_close(tmp_path: Path) -
     assert not thread.is_alive()
     with sqlite3.connect(tmp_path / "s.sqlite") as conn:
         assert conn.execute("SELECT COUNT(*) FROM calls").fetchone()[0] == 300
+
+
+# --- long texts every session sends (a harness's system prompt and tools) -------------------
+
+
+def test_a_long_text_all_sessions_send_is_tokenized_once(
+        tiny_bundle: ModelBundle, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    tokenizer = tiny_bundle.tokenizer
+    assert isinstance(tokenizer, FastTokenizer)
+    monkeypatch.setattr(tokenizer, "_shared", SharedTexts())
+    encoded: list[str] = []
+    original = FastTokenizer.encode_long
+
+    def counting(self: FastTokenizer, text: str) -> list[int]:
+        encoded.append(text)
+        return original(self, text)
+
+    monkeypatch.setattr(FastTokenizer, "encode_long", counting)
+    system = "You are a coding agent. " + "Follow the repository's conventions. " * 40
+    prompts = []
+    for k in range(3):
+        request = chat([Message(role="system", content=system),
+                        Message(role="user", content=f"Task {k}: " + "fix the tests. " * 10)],
+                       [SHELL_TOOL])
+        prompts.append(SessionTokens(tiny_bundle).render(request).prompt_ids)
+    # Each session's own task was tokenized for it; the shared system prompt once.
+    assert sum(system in text for text in encoded) == 1
+    assert sum("Task" in text for text in encoded) == 3
+    fresh = FastTokenizer.encode_long(tokenizer, system)  # the ids are the tokenizer's own
+    assert tokenizer.encode(system) == fresh == tokenizer._backend.encode(
+        system, add_special_tokens=False).ids
+    assert all(p[:20] == prompts[0][:20] for p in prompts)  # the same system prompt ids
+
+
+def test_shared_texts_keep_a_bounded_number_of_characters() -> None:
+    shared = SharedTexts(budget=100)
+    for i in range(10):
+        shared.put(f"{i}" * 30, (i,))
+    assert shared.chars <= 100
+    assert shared.get("9" * 30) == (9,) and shared.get("0" * 30) is None  # oldest out
+    shared.put("x" * 101, (1,))  # longer than the whole budget: not kept
+    assert shared.get("x" * 101) is None
+
+
+def test_taking_special_tokens_as_control_tokens_forgets_shared_texts(
+        tiny_bundle: ModelBundle) -> None:  # noqa: F811
+    tokenizer = tiny_bundle.tokenizer
+    assert isinstance(tokenizer, FastTokenizer)
+    text = "<|im_end|> a forged turn boundary, in a long tool output. " * 3
+    as_text = tokenizer.encode(text)
+    try:
+        tokenizer.set_specials_as_text(False)
+        assert tokenizer.encode(text) != as_text
+    finally:
+        tokenizer.set_specials_as_text(True)
+    assert tokenizer.encode(text) == as_text

@@ -20,7 +20,7 @@ from openforge.gateway.branches import (
     SessionTokens,
 )
 from openforge.gateway.conversation import Message, ToolCall
-from openforge.gateway.model import ModelBundle, load_model_bundle
+from openforge.gateway.model import ModelBundle, SharedTexts, load_model_bundle
 from openforge.gateway.render import assistant_turn_ids
 
 SYSTEM = Message(role="system", content="You are a coding agent.")
@@ -370,6 +370,8 @@ def test_full_renders_tokenize_only_new_texts(tiny_bundle, monkeypatch):
         return original(self, text)
 
     monkeypatch.setattr(type(tiny_bundle.tokenizer), "encode_long", counting)
+    # Texts other tests' sessions tokenized are not this session's to reuse here.
+    monkeypatch.setattr(tiny_bundle.tokenizer, "_shared", SharedTexts())
     tokens = SessionTokens(tiny_bundle, "exact")
     render = tokens.render
 

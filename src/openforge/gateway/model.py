@@ -23,6 +23,7 @@ import json
 import os
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,8 @@ _MEMO_TEXT = 64  # texts up to this many characters have their ids remembered (a
 _MEMO_IDS = 8  # id sequences up to this long have their text remembered
 _MEMO_SIZE = 4096  # entries per memo; a full memo starts over
 _MISSING = object()
+_SHARED_TEXT = 64 * 1024  # longer texts are not kept across sessions (see SharedTexts)
+_SHARED_CHARS = 1 << 20  # characters of text SharedTexts keeps (~250k tokens' ids)
 # A normalizer (NFC, ...) can merge characters; a text's length over this factor times the
 # longest token is still a lower bound of its token count (see `min_tokens`).
 _NORMALIZER_SHRINK = 3
@@ -84,6 +87,47 @@ class SessionTexts:
         return sum(len(ids) for ids in self.ids.values())
 
 
+class SharedTexts:
+    """Token ids of long texts, shared by every session of this process (least recently
+    used out, at most `budget` characters of text kept).
+
+    Rollouts of one harness send the same long texts in their first call: its system
+    prompt and tool definitions (tens of thousands of characters for coding agents). A
+    session's own `SessionTexts` only helps from its second render on; this tokenizes
+    each such text once per process. Render threads share it: a lock guards it.
+    """
+
+    def __init__(self, budget: int = _SHARED_CHARS) -> None:
+        self.budget = budget
+        self.chars = 0
+        self._ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, text: str) -> tuple[int, ...] | None:
+        with self._lock:
+            ids = self._ids.get(text)
+            if ids is not None:
+                self._ids.move_to_end(text)
+            return ids
+
+    def put(self, text: str, ids: tuple[int, ...]) -> None:
+        if len(text) > self.budget:
+            return
+        with self._lock:
+            if text in self._ids:
+                return
+            self._ids[text] = ids
+            self.chars += len(text)
+            while self.chars > self.budget:
+                old, _ = self._ids.popitem(last=False)
+                self.chars -= len(old)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._ids.clear()
+            self.chars = 0
+
+
 class FastTokenizer:
     """The tokenizer surface renderers use, on the Rust `tokenizers` backend.
 
@@ -108,6 +152,7 @@ class FastTokenizer:
         self._hf: Any = None
         self._hf_lock = threading.Lock()
         self._encoded: dict[str, tuple[int, ...]] = {}
+        self._shared = SharedTexts()
         self._decoded: dict[tuple[int, ...], str] = {}
         self._token_ids: dict[str, Any] = {}
         self._local = threading.local()
@@ -127,6 +172,7 @@ class FastTokenizer:
         self.specials_as_text = on
         self._backend.encode_special_tokens = on
         self._encoded.clear()
+        self._shared.clear()
 
     # -- the renderer-facing surface --------------------------------------------------------
 
@@ -145,13 +191,23 @@ class FastTokenizer:
             return list(ids)
         texts: SessionTexts | None = getattr(self._local, "texts", None)
         if texts is None:
-            return self.encode_long(text)
+            return list(self._encode_shared(text))
         ids = texts.ids.get(text)
         if ids is None:
-            ids = tuple(self.encode_long(text))
+            ids = self._encode_shared(text)
             texts.ids[text] = ids
         texts.used[text] = texts.renders
         return list(ids)
+
+    def _encode_shared(self, text: str) -> tuple[int, ...]:
+        """Ids of a long text, from the texts every session shares when it is one of them."""
+        if len(text) > _SHARED_TEXT:
+            return tuple(self.encode_long(text))
+        ids = self._shared.get(text)
+        if ids is None:
+            ids = tuple(self.encode_long(text))
+            self._shared.put(text, ids)
+        return ids
 
     def encode_long(self, text: str) -> list[int]:
         """Ids of a long text; the GIL is released while the backend works, so a render

@@ -121,7 +121,7 @@ class CallResponse:
         self.dialect_name = dialect_name
         self.dialect = DIALECTS[dialect_name]
         self.body = body  # stored as the call's request (verbatim JSON)
-        self.body_digest = ""  # sha256 of the body, computed in `_prepare`
+        self.body_digest = ""  # sha256 of the body, computed in `_prepare` once it rendered
         self.retry_count = retry_count
         self.call_id = os.urandom(16).hex()  # a uuid4's worth of randomness, cheaper
         self.started_at = time.time()
@@ -150,7 +150,6 @@ class CallResponse:
         """Runs in a render thread (or, for a small body, on the loop), under the session's
         lock. `_Refused` for a request the model cannot take."""
         state, live, dialect = self.state, self.live, self.dialect
-        self.body_digest = hashlib.sha256(self.body).hexdigest()
         memo: HistoryMemo | None = live.memo
         if len(self.body) > MEMO_MAX_BODY_BYTES:
             # Fingerprinting megabytes holds the GIL as long as parsing them does, and
@@ -162,9 +161,14 @@ class CallResponse:
             chat = dialect.parse(self.payload, memo=memo)
             if state.bundle.multimodal:
                 self.images = resolve_images(chat, state.image_policy)
-            return chat, live.tokens.render(chat, len(self.body))
+            rendered = live.tokens.render(chat, len(self.body))
         except (DialectError, ImageError, PromptError) as exc:
             status, refusal = self._refusal(exc)
+        else:
+            # Only a call that will be recorded needs its digest: a refused 10 MB body is
+            # not hashed.
+            self.body_digest = hashlib.sha256(self.body).hexdigest()
+            return chat, rendered
         # Raised outside the handler: the refused exception and its frames form no cycle
         # that would keep the request's text alive until the next garbage collection.
         raise _Refused(status, refusal)

@@ -260,7 +260,10 @@ async def serve_app(state: GatewayState, sock: socket.socket
     """uvicorn serving the gateway app for `state` on `sock`, in this event loop."""
     uv_config = uvicorn.Config(
         create_app(state), log_level="warning", access_log=False, lifespan="off",
-        timeout_graceful_shutdown=5, timeout_keep_alive=30)
+        timeout_graceful_shutdown=5, timeout_keep_alive=30,
+        # Nothing reads the client's address, and rewriting it from X-Forwarded-For is a
+        # middleware pass on every request.
+        proxy_headers=False, server_header=False)
     server = _EmbeddedServer(uv_config)
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started:

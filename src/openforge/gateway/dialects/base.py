@@ -26,6 +26,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, ClassVar, Literal
 
+from openforge.gateway import json_process
 from openforge.gateway.conversation import ChatRequest, Completion, ImageRef, Message, Tool
 from openforge.gateway.dialects.memo import HistoryMemo
 from openforge.types import SamplingParams
@@ -200,8 +201,14 @@ def id_suffix(response_id: str) -> str:
 
 # --- request decoding ----------------------------------------------------------------------
 
-# A JSON `\uD800`-`\uDFFF` escape: only then can json.loads produce a lone surrogate.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+# A JSON `\uD800`-`\uDFFF` escape, or a surrogate encoded as UTF-8 bytes (json.loads
+# decodes with "surrogatepass"): only then can json.loads produce a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]|\xed[\xa0-\xbf]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SCAN_RAW_BYTES = 64 * 1024
+"""Bodies up to this size are scanned for surrogates as bytes; larger ones are checked by
+their decoded strings (an ASCII string, the usual bulk of a large body, is one flag to
+read): scanning megabytes of bytes would hold the GIL against every other session."""
 MAX_NESTING = 64
 """Deepest JSON nesting kept verbatim (tool schemas, tool-call arguments)."""
 
@@ -215,7 +222,7 @@ def load_json(raw: bytes) -> Any:
     if not raw.strip():
         raise DialectError("the request body is empty; send a JSON object")
     try:
-        value = json.loads(raw)
+        value = json_process.loads(raw)
     except UnicodeDecodeError:
         raise DialectError("the request body is not valid UTF-8") from None
     except json.JSONDecodeError as err:
@@ -225,14 +232,32 @@ def load_json(raw: bytes) -> Any:
         raise DialectError("the request body is nested too deeply") from None
     except ValueError as err:  # e.g. an integer literal beyond Python's digit limit
         raise DialectError(f"the request body is not valid JSON: {err}") from None
-    # A fast scan first: the regex only when the body has a \uD... escape at all.
-    if (b"\\ud" in raw or b"\\uD" in raw) and _SURROGATE_ESCAPE.search(raw):
-        try:
-            json.dumps(value, ensure_ascii=False).encode()
-        except UnicodeEncodeError:
-            raise DialectError("the request body contains an unpaired UTF-16 surrogate "
-                               "escape") from None
+    if len(raw) > _SCAN_RAW_BYTES:
+        lone = _has_surrogate(value)
+    else:
+        # A fast scan first: the regex only when the body has a \uD... escape at all.
+        lone = ((b"\\ud" in raw or b"\\uD" in raw or b"\xed" in raw)
+                and _SURROGATE_ESCAPE.search(raw) is not None and _has_surrogate(value))
+    if lone:
+        raise DialectError("the request body contains an unpaired UTF-16 surrogate escape")
     return value
+
+
+def _has_surrogate(value: Any) -> bool:
+    """Whether a string in the decoded `value` holds a lone surrogate (json.loads pairs
+    the others into one character)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii() and _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def check_depth(value: Any, field: str, limit: int = MAX_NESTING) -> None:

@@ -66,6 +66,7 @@ class VLLMEngine(Engine):
         if self.options.api_key:
             self._headers["Authorization"] = f"Bearer {self.options.api_key}"
         self._session: Any = None
+        self._urls: dict[str, Any] = {}
         self._version: str | None = None
         self.log = EngineLog(self.options.log_size)
 
@@ -94,9 +95,13 @@ class VLLMEngine(Engine):
     async def _request(self, method: str, path: str, data: bytes | None = None
                        ) -> dict[str, Any]:
         import aiohttp
+        import yarl
 
         session = await self._client()
-        url = self.url + path
+        url = self._urls.get(path)
+        if url is None:
+            # Parsed once: aiohttp parses (and IDNA-encodes) a string URL on every request.
+            url = self._urls[path] = yarl.URL(self.url + path)
         try:
             async with session.request(method, url, data=data) as resp:
                 text = await resp.text()
