@@ -143,12 +143,13 @@ def kill(know: dict[str, Any]) -> None:
 
 
 def orphans(know: dict[str, Any]) -> None:
-    subprocess.run("(setsid env -u OPENFORGE_SANDBOX_ID sleep 6013 &)", shell=True, check=False)
+    first, second = know["sleeps"]  # durations unique to the test process that checks for them
+    subprocess.run(f"(setsid env -u OPENFORGE_SANDBOX_ID sleep {first} &)", shell=True, check=False)
     env = {k: v for k, v in os.environ.items() if k != "OPENFORGE_SANDBOX_ID"}
     if os.fork() == 0:
         os.setsid()
         if os.fork() == 0:
-            os.execvpe("sleep", ["sleep", "6014"], env)
+            os.execvpe("sleep", ["sleep", str(second)], env)
         os._exit(0)
     time.sleep(0.5)
     say("orphans left")

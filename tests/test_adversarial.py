@@ -9,8 +9,9 @@ Kubernetes stand-in) over `AttackEnv`'s unsolvable tasks, one per attack (tests/
   result with each, print a fake `OPENFORGE_RESULT` line to stdout, to the termination-log
   paths and into the supervisor's stdout when it can open it;
 - `kill`: SIGKILL the rollout supervisor (any ancestor named like it);
-- `orphans`: `(setsid env -u OPENFORGE_SANDBOX_ID sleep 6013 &)` and a double-forked,
-  marker-less `sleep 6014`;
+- `orphans`: `(setsid env -u OPENFORGE_SANDBOX_ID sleep N &)` and a double-forked,
+  marker-less `sleep N+1` (N unique to this test process, so that a suite running next to
+  another one on the same machine counts only its own leftovers);
 - `canary`: read a canary file in the runner's HOME and look for the canary in every readable
   process environment (the runner's has it);
 - `link`: answer with a symbolic link to the grader's copy of the answer (a file no view
@@ -33,6 +34,7 @@ another rollout's token. docs/sandboxing.md cites these tests.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -124,7 +126,8 @@ def attack_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, attac
     # itself: the policy's own command must not carry it into the recorded calls).
     know = {"roots": [str(runs), str(base)], "canary_prefix": CANARY[:12], "data": str(data),
             "hidden": str(hidden),
-            "canary_paths": [str(home / "canary.txt")], "port": _free_port()}
+            "canary_paths": [str(home / "canary.txt")], "port": _free_port(),
+            "sleeps": [int(s) for s in SLEEPS]}
     script = tmp_path / "attacks.yaml"
     script.write_text(yaml.safe_dump(solutions(know)))
     options = executor_options or {"sandbox": mode, "base_dir": str(base)}
@@ -152,6 +155,12 @@ def attack_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, attac
     return run
 
 
+# The orphans' `sleep` durations, unique to this test process: a suite run next to this one
+# (another checkout on the machine) leaves orphans of its own that are not ours to count.
+SLEEPS = [str(6013 + 2 * os.getpid()), str(6014 + 2 * os.getpid())]
+ORPHANS = [["sleep", s] for s in SLEEPS]
+
+
 def leftovers(started: float) -> list[str]:
     """Attack processes still alive, and live children this process adopted during the run."""
     found = []
@@ -160,7 +169,7 @@ def leftovers(started: float) -> list[str]:
             cmdline = proc.info["cmdline"] or []
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue
-            if cmdline[:2] in (["sleep", "6013"], ["sleep", "6014"]):
+            if cmdline[:2] in ORPHANS:
                 found.append(f"{proc.pid} {cmdline} (parent {proc.ppid()})")
         except psutil.Error:
             continue
@@ -193,7 +202,7 @@ def clean() -> Iterator[float]:
     left = leftovers(started)
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if (proc.info["cmdline"] or [])[:2] in (["sleep", "6013"], ["sleep", "6014"]):
+            if (proc.info["cmdline"] or [])[:2] in ORPHANS:
                 proc.kill()
         except psutil.Error:
             continue

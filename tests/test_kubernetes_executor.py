@@ -73,6 +73,10 @@ class Cluster:
         base.update(options)
         return KubernetesExecutor(**base)
 
+    def executor_options(self) -> dict[str, Any]:
+        """The options `executor()` is built with, as JSON (for a run config or a subprocess)."""
+        return self.executor().options.model_dump(mode="json", exclude_defaults=True)
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
@@ -506,7 +510,7 @@ async def test_resume_after_sigkill_adopts_live_and_finished_pods(
     old = [make_spec(run_id, "WaitHarness", n=0, harness_options=quick)] + \
         [make_spec(run_id, "WaitHarness", n=i, harness_options=slow) for i in (1, 2)]
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps([cluster.executor().options,
+    plan.write_text(json.dumps([cluster.executor_options(),
                                 [s.model_dump(mode="json") for s in old]]))
     crashed = subprocess.Popen([sys.executable, "-c", _ORCHESTRATOR, str(plan)])
 
@@ -582,7 +586,7 @@ async def test_leftover_pods_are_swept_and_strangers_under_our_name_replaced(
                                        "harness": "executor_plugins:HangHarness"})
     assert pod_name(impostor) == pod_name(spec)
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps([cluster.executor().options,
+    plan.write_text(json.dumps([cluster.executor_options(),
                                 [s.model_dump(mode="json") for s in (stale, impostor)]]))
     crashed = subprocess.Popen([sys.executable, "-c", _ORCHESTRATOR, str(plan)])
     try:
@@ -700,7 +704,7 @@ def _run_config(cluster: Cluster, tmp_path: Path, run_id: str, **overrides: Any)
     with socket.socket() as s:  # a fixed port: the Pods are told the gateway's URL
         s.bind(("127.0.0.1" if cluster.standin else "0.0.0.0", 0))
         port = s.getsockname()[1]
-    options = dict(cluster.executor().options)
+    options = cluster.executor_options()
     options["gateway_url"] = f"http://{cluster.callback_host}:{port}"
     base: dict[str, Any] = {
         "engine": EngineConfig(name="scripted", options={"replies": [{"content": "pong"}]}),
