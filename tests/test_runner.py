@@ -159,4 +159,5 @@ def test_progress_line_says_what_the_executor_waits_for(tmp_path: Path) -> None:
     runner = Runner(RunConfig(engine=scripted(FULL), runs_dir=tmp_path), tmp_path)
     assert runner._stats(Waiting(sandbox="none")) == \
         "pass - of 0 scored  plugin errors 0  infra failures 0  (2 waiting for quota)"
-    assert runner._stats(LocalExecutor(sandbox="none")) == "pass -  infra failures 0"
+    assert runner._stats(LocalExecutor(sandbox="none")) == \
+        "pass - of 0 scored  plugin errors 0  infra failures 0"
