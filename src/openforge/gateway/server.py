@@ -35,7 +35,7 @@ from openforge.gateway.app import create_app
 from openforge.gateway.engines.base import Engine
 from openforge.gateway.images import ImagePolicy
 from openforge.gateway.model import ModelBundle, load_model_bundle
-from openforge.gateway.sessions import create_session, least_loaded_worker, worker_of
+from openforge.gateway.sessions import close_in_store, create_session, worker_of
 from openforge.gateway.state import GatewayState
 from openforge.gateway.workers import WORKER_SPEC_ENV, WorkerPool, inherit_socket
 from openforge.sandbox.protocol import ADMIN_KEY_ENV
@@ -176,23 +176,21 @@ class Gateway:
                      metadata: dict[str, Any] | None = None) -> Session:
         """Open a session in process (no HTTP): its token is the harness's credential."""
         if self._pool is not None:
-            workers = len(self._pool.urls)
             return create_session(
-                self.store, worker=least_loaded_worker(self.store, workers), workers=workers,
-                model=self.config.served_model_name, run_id=run_id, rollout_id=rollout_id,
-                task_id=task_id, sampling=sampling, metadata=metadata)
+                self.store, workers=len(self._pool.urls), model=self.config.served_model_name,
+                run_id=run_id, rollout_id=rollout_id, task_id=task_id, sampling=sampling,
+                metadata=metadata)
         return self.state.sessions.open(run_id=run_id, rollout_id=rollout_id, task_id=task_id,
                                         sampling=sampling, metadata=metadata)
 
     def close_session(self, session_id: str) -> Session | None:
         """Close a session: its token stops working at once. None when it does not exist."""
         if self._pool is not None:
-            if self.store.get_session(session_id) is None:
-                return None
-            self.store.close_session(session_id)
-            self._pool.post(worker_of(session_id, len(self._pool.urls)),
-                            f"/admin/sessions/{session_id}/forget")
-            return self.store.get_session(session_id)
+            session = close_in_store(self.store, session_id)
+            if session is not None:
+                self._pool.post(worker_of(session_id, len(self._pool.urls)),
+                                f"/admin/sessions/{session_id}/forget")
+            return session
         return self.state.sessions.close(session_id)
 
     def url_for(self, session: Session) -> str:

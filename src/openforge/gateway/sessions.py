@@ -16,8 +16,10 @@ ids. A harness that keeps talking after a gateway restart therefore continues on
 branch with exactly the ids the engine saw. A stored call that cannot be replayed is
 skipped with a warning; at worst the next request opens a new branch, never a wrong one.
 
-Sessions stay cached until they are closed (through the admin API or `Gateway`); a
-session closed directly in the store by another process is only noticed on a cache miss.
+Sessions stay cached until they are closed (the admin API's close, the scoring API's seal,
+or `Gateway.close_session`; with several workers the closing one tells the serving one to
+`forget` it); a session closed directly in the store by another process is only noticed
+on a cache miss.
 
 Workers: with `gateway.workers = N` each of N processes serves the sessions whose id hashes
 to its index (`worker_of`), so a session's calls, branch state and call indices live in one
@@ -90,14 +92,15 @@ def least_loaded_worker(store: Store, workers: int) -> int:
     return counts.index(min(counts))
 
 
-def create_session(store: Store, *, worker: int = 0, workers: int = 1, model: str = "",
+def create_session(store: Store, *, workers: int = 1, model: str = "",
                    run_id: str = "", rollout_id: str = "", task_id: str = "",
                    sampling: SamplingParams | None = None,
                    metadata: dict[str, Any] | None = None,
                    weight_version: str | None = None) -> Session:
-    """A new open session in the store (committed), served by gateway worker `worker`."""
+    """A new open session in the store (committed), served by the least loaded of `workers`
+    gateway workers (the one `worker_of` maps its id to)."""
     session = Session(
-        id=new_session_id(worker, workers),
+        id=new_session_id(least_loaded_worker(store, workers), workers),
         # 32 random bytes: the token is the only credential a sandbox holds.
         token=secrets.token_urlsafe(32),
         # The trusted side's credential for reading this session's calls and sealing it.
@@ -111,12 +114,22 @@ def create_session(store: Store, *, worker: int = 0, workers: int = 1, model: st
     return store.create_session(session)
 
 
+def close_in_store(store: Store, session_id: str) -> Session | None:
+    """Close a session in the store (the worker serving it must still drop it from its
+    memory: `SessionRegistry.forget`); the closed session, or None when there is none."""
+    if store.get_session(session_id) is None:
+        return None
+    store.close_session(session_id)
+    return store.get_session(session_id)
+
+
 class MisdirectedSession(Exception):
     """The token belongs to an open session that another gateway worker serves."""
 
 
 class SessionRegistry:
-    """Open sessions by token and by id, backed by the store.
+    """Open sessions by token (model calls look them up so), backed by the store; also
+    held by id, for closing.
 
     `worker` / `workers`: this process serves only the sessions `worker_of` maps to
     `worker` (a single gateway serves them all).
@@ -142,12 +155,11 @@ class SessionRegistry:
              weight_version: str | None = None) -> Session:
         """Create a session in the store (committed), served by the least loaded worker;
         cached here when that is this process."""
-        worker = least_loaded_worker(self.store, self.workers)
         session = create_session(
-            self.store, worker=worker, workers=self.workers, model=self.model_name,
+            self.store, workers=self.workers, model=self.model_name,
             run_id=run_id, rollout_id=rollout_id, task_id=task_id, sampling=sampling,
             metadata=metadata, weight_version=weight_version or self.weight_version)
-        if worker == self.worker:
+        if worker_of(session.id, self.workers) == self.worker:
             self._cache(LiveSession(session, SessionTokens(self.bundle, self.policy)))
         return session
 
@@ -169,27 +181,11 @@ class SessionRegistry:
             raise MisdirectedSession(session.id)
         return self._load(session)
 
-    def by_id(self, session_id: str) -> LiveSession | None:
-        """The open session with this id, or None (unknown or closed)."""
-        live = self._by_id.get(session_id)
-        if live is not None:
-            return live
-        session = self.store.get_session(session_id)
-        if session is None or session.status != "open":
-            return None
-        if worker_of(session.id, self.workers) != self.worker:
-            raise MisdirectedSession(session.id)
-        return self._load(session)
-
     def close(self, session_id: str) -> Session | None:
         """Close the session in the store and drop its token cache; None when unknown."""
-        if self.store.get_session(session_id) is None:
-            return None
-        self.store.close_session(session_id)
-        live = self._by_id.pop(session_id, None)
-        if live is not None:
-            self._by_token.pop(live.session.token_hash, None)
-        return self.store.get_session(session_id)
+        session = close_in_store(self.store, session_id)
+        self.forget(session_id)
+        return session
 
     def cache_stats(self) -> dict[str, int]:
         """Open sessions cached, the token ids their caches hold, and the bytes they take."""
