@@ -33,6 +33,7 @@ from urllib.parse import unquote, urlparse
 from openforge.gateway.conversation import ChatRequest, ImageRef
 
 if TYPE_CHECKING:
+    from openforge.config import GatewayConfig
     from openforge.store import Store
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
@@ -78,6 +79,14 @@ class ImagePolicy:
         """The default policy, with `file_root` from `$OPENFORGE_IMAGE_ROOT` when set."""
         root = os.environ.get(IMAGE_ROOT_ENV)
         return cls(file_root=Path(root).expanduser().resolve() if root else None)
+
+    @classmethod
+    def for_gateway(cls, config: GatewayConfig) -> ImagePolicy:
+        """The policy `gateway.image_root` and `gateway.max_image_bytes` set (the root from
+        `$OPENFORGE_IMAGE_ROOT` when the config names none)."""
+        root = (config.image_root.expanduser().resolve() if config.image_root
+                else cls.from_env().file_root)
+        return cls(file_root=root, max_image_bytes=config.max_image_bytes)
 
 
 def sniff_media_type(data: bytes) -> str | None:

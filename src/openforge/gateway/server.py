@@ -33,7 +33,6 @@ from openforge.config import EngineConfig, GatewayConfig, RunConfig, load_run_co
 from openforge.errors import OpenforgeError
 from openforge.gateway.app import create_app
 from openforge.gateway.engines.base import Engine
-from openforge.gateway.images import ImagePolicy
 from openforge.gateway.model import ModelBundle, load_model_bundle
 from openforge.gateway.sessions import close_in_store, create_session, worker_of
 from openforge.gateway.state import GatewayState
@@ -140,11 +139,7 @@ class Gateway:
             plugins.create, "engine", self.engine_config.name, model=bundle,
             **self.engine_config.options)
         self.bundle, self.engine = bundle, engine
-        policy = ImagePolicy.from_env()
-        policy = ImagePolicy(file_root=(self.config.image_root.expanduser().resolve()
-                                        if self.config.image_root else policy.file_root),
-                             max_image_bytes=self.config.max_image_bytes)
-        self._state = GatewayState(self.config, self.store, engine, bundle, image_policy=policy,
+        self._state = GatewayState(self.config, self.store, engine, bundle,
                                    admin_key=self._admin_key)
         sock = _bind(self.config.host, self.config.port)
         self.url = _url(sock)
@@ -379,12 +374,7 @@ def serve_worker(spec: dict[str, Any], store_path: Path, worker: int, peers: lis
         engine: Engine = await asyncio.to_thread(plugins.create, "engine", engine_config.name,
                                                  model=bundle, **engine_config.options)
         state = GatewayState(config, store, engine, bundle, admin_key=admin_key,
-                             base_url=peers[worker], worker=worker, peers=peers,
-                             image_policy=ImagePolicy(
-                                 file_root=(config.image_root.expanduser().resolve()
-                                            if config.image_root
-                                            else ImagePolicy.from_env().file_root),
-                                 max_image_bytes=config.max_image_bytes))
+                             base_url=peers[worker], worker=worker, peers=peers)
         server, task = await serve_app(state, inherit_socket(fd))
         waiter = asyncio.ensure_future(stop.wait())
         await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)

@@ -34,13 +34,12 @@ class GatewayState:
     """Everything the app needs, built once per gateway process."""
 
     def __init__(self, config: GatewayConfig, store: Store, engine: Engine, bundle: ModelBundle,
-                 *, admin_key: str | None = None, base_url: str = "",
-                 image_policy: ImagePolicy | None = None, worker: int = 0,
+                 *, admin_key: str | None = None, base_url: str = "", worker: int = 0,
                  peers: list[str] | None = None) -> None:
         self.config = config
         map_large_blocks()  # large request buffers go back to the OS when freed
         # Where image URLs may be read from and how large images may be (see images.py).
-        self.image_policy = image_policy or ImagePolicy.from_env()
+        self.image_policy = ImagePolicy.for_gateway(config)
         self.store = store
         # Each call commits from the event loop: keep WAL checkpoints (file copies and
         # syncs) out of those commits.
