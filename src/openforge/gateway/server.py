@@ -34,7 +34,13 @@ from openforge.errors import OpenforgeError
 from openforge.gateway.app import create_app
 from openforge.gateway.engines.base import Engine
 from openforge.gateway.model import ModelBundle, load_model_bundle
-from openforge.gateway.sessions import close_in_store, create_session, worker_of
+from openforge.gateway.sessions import (
+    close_in_store,
+    create_session,
+    serving_url,
+    session_url,
+    worker_of,
+)
 from openforge.gateway.state import GatewayState
 from openforge.gateway.workers import WORKER_SPEC_ENV, WorkerPool, inherit_socket
 from openforge.sandbox.protocol import ADMIN_KEY_ENV
@@ -190,13 +196,11 @@ class Gateway:
 
     def url_for(self, session: Session) -> str:
         """The root URL of the gateway (worker) that serves `session`."""
-        if self._pool is not None:
-            return self._pool.urls[worker_of(session.id, len(self._pool.urls))]
-        return self.url
+        return serving_url(self.worker_urls, session.id)
 
     def session_url(self, session: Session) -> str:
         """The OpenAI-style base URL (ending in /v1) for `session`."""
-        return f"{self.url_for(session).rstrip('/')}/s/{session.token}/v1"
+        return session_url(self.url_for(session), session)
 
     def pause(self, retry_after_s: int = 5) -> None:
         """Answer model calls with 429 + Retry-After (weight sync) until `resume()`."""

@@ -74,6 +74,16 @@ def worker_of(session_id: str, workers: int) -> int:
     return int.from_bytes(digest[:8], "little") % workers
 
 
+def serving_url(urls: list[str], session_id: str) -> str:
+    """Of the gateway workers' base URLs (by worker index), the one serving `session_id`."""
+    return urls[worker_of(session_id, len(urls))]
+
+
+def session_url(root: str, session: Session) -> str:
+    """The OpenAI-style base URL (ending in /v1) for `session`, served at `root`."""
+    return f"{root.rstrip('/')}/s/{session.token}/v1"
+
+
 def new_session_id(worker: int = 0, workers: int = 1) -> str:
     """A random session id that `worker_of` maps to `worker`."""
     while True:

@@ -14,7 +14,7 @@ from openforge.gateway.engines.base import Engine
 from openforge.gateway.images import ImagePolicy
 from openforge.gateway.memory import map_large_blocks
 from openforge.gateway.model import ModelBundle
-from openforge.gateway.sessions import SessionRegistry, worker_of
+from openforge.gateway.sessions import SessionRegistry, serving_url, session_url, worker_of
 from openforge.store import Store
 from openforge.types import Session
 
@@ -60,14 +60,9 @@ class GatewayState:
         self.stop_token_ids = list(getattr(bundle, "stop_token_ids", []) or [])
         self._pool: ThreadPoolExecutor | None = None
 
-    def worker_url(self, session_id: str) -> str:
-        """The base URL of the worker that serves `session_id`."""
-        if len(self.peers) > 1:
-            return self.peers[worker_of(session_id, len(self.peers))]
-        return self.base_url
-
     def session_url(self, session: Session) -> str:
-        return f"{self.worker_url(session.id).rstrip('/')}/s/{session.token}/v1"
+        """The base URL (ending in /v1) for `session`, on the worker that serves it."""
+        return session_url(serving_url(self.peers or [self.base_url], session.id), session)
 
     async def close_session(self, session_id: str) -> Session | None:
         """Close a session in the store and in the memory of the worker that serves it (its
