@@ -23,7 +23,8 @@ from openforge.gateway.http import (
     plain_error,
     read_body,
 )
-from openforge.gateway.state import FORWARDED, GatewayState
+from openforge.gateway.state import GatewayState
+from openforge.gateway.workers import FORWARDED
 from openforge.types import SamplingParams
 
 

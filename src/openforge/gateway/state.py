@@ -9,19 +9,19 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import httpx
+
 from openforge.config import GatewayConfig
 from openforge.gateway.engines.base import Engine
 from openforge.gateway.images import ImagePolicy
 from openforge.gateway.memory import map_large_blocks
 from openforge.gateway.model import ModelBundle
 from openforge.gateway.sessions import SessionRegistry, serving_url, session_url, worker_of
+from openforge.gateway.workers import forwarded_headers
 from openforge.store import Store
 from openforge.types import Session
 
 log = logging.getLogger("openforge.gateway")
-
-FORWARDED = "x-openforge-forwarded"
-"""Marks an admin request one worker passed to another (not to be passed on again)."""
 
 T = TypeVar("T")
 
@@ -79,11 +79,9 @@ class GatewayState:
         worker's store but not its memory (paused state, cached sessions)."""
         if len(self.peers) <= 1:
             return
-        import httpx
-
         targets = [i for i in range(len(self.peers)) if i != self.sessions.worker
                    and (only is None or i == only)]
-        headers = {"authorization": f"Bearer {self.admin_key}", FORWARDED: "1"}
+        headers = forwarded_headers(self.admin_key)
         async with httpx.AsyncClient(timeout=10) as client:
             for i in targets:
                 try:

@@ -35,6 +35,13 @@ log = logging.getLogger("openforge.gateway")
 START_TIMEOUT_S = 180.0
 WORKER_SPEC_ENV = GATEWAY_WORKER_SPEC_ENV
 """The environment variable a worker reads its config and admin key from."""
+FORWARDED = "x-openforge-forwarded"
+"""Marks an admin request one worker passed to another (not to be passed on again)."""
+
+
+def forwarded_headers(admin_key: str) -> dict[str, str]:
+    """The headers of an admin request passed to a worker (by the pool or another worker)."""
+    return {"authorization": f"Bearer {admin_key}", FORWARDED: "1"}
 
 
 class WorkerPool:
@@ -108,8 +115,7 @@ class WorkerPool:
         """POST an admin route on worker `index` (from synchronous callers)."""
         try:
             httpx.post(self.urls[index] + path, json=body or {}, timeout=10,
-                       headers={"authorization": f"Bearer {self.admin_key}",
-                                "x-openforge-forwarded": "1"})
+                       headers=forwarded_headers(self.admin_key))
         except httpx.HTTPError as exc:
             log.warning("gateway worker %d did not take %s: %s", index, path, exc)
 
