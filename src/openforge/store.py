@@ -245,7 +245,8 @@ def _row_to_session(row: sqlite3.Row | tuple[Any, ...]) -> Session:
     (sid, token_hash, run_id, rollout_id, task_id, model, sampling, weight_version, status,
      reward, created_at, closed_at, metadata, scoring_hash) = row
     return Session(
-        id=sid, token_hash=token_hash, scoring_hash=scoring_hash, run_id=run_id, rollout_id=rollout_id, task_id=task_id, model=model,
+        id=sid, token_hash=token_hash, scoring_hash=scoring_hash, run_id=run_id,
+        rollout_id=rollout_id, task_id=task_id, model=model,
         sampling=SamplingParams.model_validate_json(sampling), weight_version=weight_version,
         status=status, reward=reward, created_at=created_at, closed_at=closed_at,
         metadata=json.loads(metadata),

@@ -57,7 +57,7 @@ class GatewayState:
                                         workers=max(1, len(self.peers)))
         self.paused = False
         self.retry_after_s = 5
-        self.stop_token_ids = list(getattr(bundle, "stop_token_ids", []) or [])
+        self.stop_token_ids = list(bundle.stop_token_ids)
         self._pool: ThreadPoolExecutor | None = None
 
     def session_url(self, session: Session) -> str:
