@@ -152,7 +152,6 @@ class _SecretReaper:
         self._queue: dict[str, set[str]] = {}  # run label -> rollout labels
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.batches = 0
 
     def add(self, run_id: str, rollout_id: str) -> None:
         self._queue.setdefault(label_value(run_id), set()).add(label_value(rollout_id))
@@ -177,7 +176,6 @@ class _SecretReaper:
                            f"{ROLLOUT_LABEL} in ({','.join(batch)})"
                 try:
                     await api.delete_secrets(selector)
-                    self.batches += 1
                 except Exception as exc:  # the sweep at close and the owner GC are backstops
                     log.warning("could not delete %d Secrets: %s", len(batch), exc)
             self._queue.pop(run, None)
