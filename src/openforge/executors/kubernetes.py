@@ -256,6 +256,9 @@ class KubernetesExecutor(Executor):
         self._nodes.start()
 
     async def _scope(self, run_id: str) -> _RunScope:
+        # Every attempt asks: once the run's scope exists, without queueing on the lock.
+        if (scope := self._scopes.get(run_id)) is not None:
+            return scope
         async with self._lock:
             if run_id in self._scopes:
                 return self._scopes[run_id]
