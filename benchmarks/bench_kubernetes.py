@@ -34,38 +34,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the stand-in is test infrastructure
 
-from openforge.environment import Environment  # noqa: E402
-from openforge.harness import Command, Harness, HarnessContext  # noqa: E402
 from openforge.types import RewardResult, RolloutResult, RolloutSpec, Task  # noqa: E402
 
 # How long a simulated rollout's supervisor prepares and its agent runs (real rollouts take
 # minutes; these keep the run short while the event rate stays that of a busy cluster).
 PREPARE_S = float(os.environ.get("OPENFORGE_BENCH_PREPARE_S", "1.0"))
 AGENT_S = float(os.environ.get("OPENFORGE_BENCH_AGENT_S", "60.0"))
-
-
-class EmptyHarness(Harness):
-    """A harness process that exits at once: the figure is openforge's own overhead."""
-
-    def command(self, ctx: HarnessContext) -> Command:
-        return Command(argv=["/bin/true"])
-
-
-class EmptyEnv(Environment):
-    """One task, nothing to prepare, always passes."""
-
-    def tasks(self, split: str | None = None) -> Iterable[Task]:
-        yield Task(id="empty", prompt="nothing")
-
-    def check(self, task: Task, workspace: Path, final_state: dict[str, Any]) -> RewardResult:
-        return RewardResult(score=1.0, passed=True)
 
 
 def sim_container(pod: dict[str, Any], container: str, volumes: dict[str, dict[str, bytes]]) -> Any:
@@ -77,7 +57,7 @@ def sim_container(pod: dict[str, Any], container: str, volumes: dict[str, dict[s
     if container == "supervisor":
         return SimContainer(run_s=None, ready_after_s=PREPARE_S)  # a sidecar: until stopped
     if container == "agent":
-        return SimContainer(run_s=float(os.environ.get("OPENFORGE_BENCH_AGENT_S", AGENT_S)))
+        return SimContainer(run_s=AGENT_S)  # read from the environment the stand-in got
     spec = RolloutSpec.model_validate_json(volumes["spec"]["spec.json"])
     result = RolloutResult(rollout_id=spec.rollout_id, task_id=spec.task.id,
                            attempt=spec.attempt, status="ok", duration_s=AGENT_S,
@@ -88,7 +68,7 @@ def sim_container(pod: dict[str, Any], container: str, volumes: dict[str, dict[s
 def _specs(n: int, run_id: str, harness: str) -> list[RolloutSpec]:
     return [RolloutSpec(run_id=run_id, rollout_id=f"empty.{i}.0.bench", attempt=0,
                         task=Task(id="empty", prompt="nothing"), harness=harness,
-                        environment="bench_kubernetes:EmptyEnv", reward="checker",
+                        environment="bench_executor:EmptyEnv", reward="checker",
                         gateway_url="http://127.0.0.1:9", session_token=f"tok-{i}",
                         timeout_s=600) for i in range(n)]
 
@@ -133,7 +113,7 @@ def bench(n: int, concurrency: int, simulate: bool, agent_s: float = AGENT_S) ->
         try:
             assert server.stdout is not None and server.stdout.readline().strip() == "ready"
             specs = _specs(n, "bench-sim" if simulate else "bench-real",
-                           "bench_kubernetes:EmptyHarness")
+                           "bench_executor:EmptyHarness")
             figures = asyncio.run(_drive(kubeconfig, specs, concurrency, sys.executable))
         finally:
             if server.stdin is not None:

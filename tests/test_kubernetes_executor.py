@@ -36,7 +36,7 @@ from k8s_standin import Image, Node, StandIn, standin_processes  # noqa: E402
 from openforge.executors.k8s_api import KubeApi  # noqa: E402
 from openforge.executors.k8s_pods import owner_name, pod_name, run_selector  # noqa: E402
 from openforge.executors.kubernetes import KubernetesExecutor  # noqa: E402
-from openforge.types import RolloutSpec, Task  # noqa: E402
+from openforge.types import RolloutResult, RolloutSpec, Task  # noqa: E402
 
 TESTS_DIR = Path(__file__).parent
 REAL = bool(os.environ.get("OPENFORGE_K8S_KUBECONFIG"))
@@ -120,6 +120,16 @@ def make_spec(run_id: str, harness: str = "OkHarness", n: int = 0,
                        gateway_url="http://127.0.0.1:9",  # these harnesses make no model call
                        session_token=f"tok-{run_id}-{n}-{uuid.uuid4().hex}",
                        session_id=f"sid-{run_id}-{n}", timeout_s=timeout_s)
+
+
+async def run_alone(cluster: Cluster, spec: RolloutSpec,
+                    **options: Any) -> tuple[RolloutResult, KubernetesExecutor]:
+    """`spec` run on an executor of its own, built with `options` and closed after."""
+    executor = cluster.executor(**options)
+    try:
+        return await executor.run(spec), executor
+    finally:
+        await executor.close()
 
 
 async def left_behind(cluster: Cluster, kube: KubeApi, run_id: str) -> str:
@@ -246,11 +256,8 @@ async def test_timeouts_the_kubelets_deadline_and_the_clients(
 
 async def test_unschedulable_pod_is_an_infra_error_after_the_pending_budget(
         cluster: Cluster, kube: KubeApi, run_id: str) -> None:
-    executor = cluster.executor(requests={"cpu": "100000"}, pending_timeout_s=1.5)
-    try:
-        result = await executor.run(make_spec(run_id))
-    finally:
-        await executor.close()
+    result, _ = await run_alone(cluster, make_spec(run_id), requests={"cpu": "100000"},
+                                pending_timeout_s=1.5)
     assert result.status == "infra_error" and not result.permanent
     assert "unschedulable" in (result.error or "") and "Insufficient cpu" in (result.error or "")
     await assert_clean(cluster, kube, run_id)
@@ -258,11 +265,7 @@ async def test_unschedulable_pod_is_an_infra_error_after_the_pending_budget(
 
 async def test_invalid_spec_fails_fast_and_for_good(
         cluster: Cluster, kube: KubeApi, run_id: str) -> None:
-    executor = cluster.executor(requests={"cpu": "lots"})
-    try:
-        result = await executor.run(make_spec(run_id))
-    finally:
-        await executor.close()
+    result, executor = await run_alone(cluster, make_spec(run_id), requests={"cpu": "lots"})
     assert result.status == "infra_error" and result.permanent
     assert "rejected Pod" in (result.error or "") and "lots" in (result.error or "")
     # The owner ConfigMap, the Secret, one Pod try: no retries, no waiting.
@@ -275,12 +278,9 @@ async def test_invalid_spec_fails_fast_and_for_good(
 
 async def test_missing_image_ends_the_attempt_for_good(
         cluster: Cluster, kube: KubeApi, run_id: str) -> None:
-    executor = cluster.executor(image=BAD_IMAGE, pending_timeout_s=HANG_GUARD_S,
-                                image_pull_timeout_s=HANG_GUARD_S)
-    try:
-        result = await executor.run(make_spec(run_id))
-    finally:
-        await executor.close()
+    result, executor = await run_alone(cluster, make_spec(run_id), image=BAD_IMAGE,
+                                       pending_timeout_s=HANG_GUARD_S,
+                                       image_pull_timeout_s=HANG_GUARD_S)
     assert result.status == "infra_error" and result.permanent  # the runner will not retry
     assert "image cannot be pulled" in (result.error or "") and "not found" in (result.error or "")
     assert executor.stats["created"] == 1
@@ -296,20 +296,14 @@ async def test_transient_pull_errors_are_waited_out_then_bounded(
     # Two 429s, then the registry answers: the attempt waits (the kubelet backs off) and runs.
     image = f"openforge/rollout:flaky-{run_id}"
     cluster.standin.pull_fault(image, [busy, busy])
-    executor = cluster.executor(image=image, image_pull_timeout_s=HANG_GUARD_S)
-    try:
-        result = await executor.run(make_spec(run_id))
-    finally:
-        await executor.close()
+    result, _ = await run_alone(cluster, make_spec(run_id), image=image,
+                                image_pull_timeout_s=HANG_GUARD_S)
     assert result.status == "ok", result.error
     # A registry that stays down: the wait is bounded, and the failure is not permanent.
     image = f"openforge/rollout:down-{run_id}"
     cluster.standin.pull_fault(image, [busy] * 1000)
-    executor = cluster.executor(image=image, image_pull_timeout_s=1)
-    try:
-        result = await executor.run(make_spec(run_id, n=1))
-    finally:
-        await executor.close()
+    result, _ = await run_alone(cluster, make_spec(run_id, n=1), image=image,
+                                image_pull_timeout_s=1)
     assert result.status == "infra_error" and not result.permanent
     assert "image pull kept failing" in (result.error or "") and "429" in (result.error or "")
     assert "image_pull_timeout_s" in (result.error or "")
@@ -343,12 +337,10 @@ async def test_quota_refusals_wait_for_capacity_without_burning_tries(
     assert executor.stats["created"] == 1 and executor.progress() == ""
     # A quota that never frees: the wait is bounded, not permanent (a later try may fit).
     cluster.standin.set_pod_quota(0)
-    executor = cluster.executor(admission_wait_s=0.5)
     try:
-        result = await executor.run(make_spec(run_id, n=1))
+        result, _ = await run_alone(cluster, make_spec(run_id, n=1), admission_wait_s=0.5)
     finally:
         cluster.standin.set_pod_quota(None)
-        await executor.close()
     assert result.status == "infra_error" and not result.permanent
     assert "exceeded quota" in (result.error or "") and "for 0.5s" in (result.error or "")
     await assert_clean(cluster, kube, run_id)
@@ -361,21 +353,13 @@ async def test_admission_policy_refusals_wait_rbac_refusals_do_not(
     policy = ('pods "x" is forbidden: ValidatingAdmissionPolicy \'gpu-hours\' with binding '
               "'nights' denied request: rollouts are paused")
     cluster.standin.inject("create", "pods", 422, count=3, message=policy, reason="Invalid")
-    executor = cluster.executor()
-    try:
-        result = await executor.run(make_spec(run_id))
-    finally:
-        await executor.close()
+    result, executor = await run_alone(cluster, make_spec(run_id))
     assert result.status == "ok", result.error
     assert executor.stats["waited for admission"] == 3
     rbac = ('pods is forbidden: User "system:serviceaccount:openforge:openforge-orchestrator" '
             'cannot create resource "pods" in API group "" in the namespace "default"')
     cluster.standin.inject("create", "pods", 403, count=1, message=rbac)
-    executor = cluster.executor()
-    try:
-        result = await executor.run(make_spec(run_id, n=1))
-    finally:
-        await executor.close()
+    result, executor = await run_alone(cluster, make_spec(run_id, n=1))
     assert result.status == "infra_error" and result.permanent
     assert "cannot create resource" in (result.error or "") and "rbac.yaml" in (result.error or "")
     assert executor.stats["waited for admission"] == 0
@@ -594,11 +578,7 @@ async def test_leftover_pods_are_swept_and_strangers_under_our_name_replaced(
     finally:
         crashed.send_signal(signal.SIGKILL)
         crashed.wait()
-    executor = cluster.executor(adopt_window_s=0)
-    try:
-        result = await executor.run(spec)
-    finally:
-        await executor.close()
+    result, executor = await run_alone(cluster, spec, adopt_window_s=0)
     assert result.status == "ok", result.error
     assert executor.stats["adopted"] == 0 and executor.stats["created"] == 1
     assert executor.stats["swept"] >= 1  # the stale attempt's Pod
@@ -642,11 +622,7 @@ async def test_transient_api_errors_are_retried(
     cluster.standin.inject("list", "pods", 503, count=1)
     cluster.standin.inject("watch", "pods", 410, count=1)
     cluster.standin.inject("deletecollection", "secrets", 504, count=1)
-    executor = cluster.executor()
-    try:
-        result = await executor.run(make_spec(run_id))
-    finally:
-        await executor.close()
+    result, executor = await run_alone(cluster, make_spec(run_id))
     assert result.status == "ok", result.error
     assert executor.api_calls["create"] >= 5  # owner + secret twice + pod three times
     await assert_clean(cluster, kube, run_id)

@@ -20,9 +20,9 @@ class Executor(Plugin, ABC):
     keeps); the rollout stack refuses a result for another rollout, task, attempt or session.
     """
 
+    kind = "executor"
     # True when sandboxes see this machine's files, so a harness program installed here
     # once (`Harness.install`, called by the runner) can run in every rollout.
-    kind = "executor"
     shares_filesystem: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:

@@ -125,23 +125,37 @@ class KubeApi:
                 await asyncio.sleep(delay * (0.5 + random.random() / 2))
         raise AssertionError("unreachable")
 
+    async def _request(self, verb: str, method: Callable[..., Awaitable[Any]], *args: Any,
+                       **kwargs: Any) -> dict[str, Any]:
+        """One typed-client call taken raw (plain dicts are cheaper than typed models), with
+        the socket limits and the retries of `call`."""
+        async def once() -> dict[str, Any]:
+            resp = await method(*args, _preload_content=False, _request_timeout=_TIMEOUT,
+                                **kwargs)
+            return await _json_or_raise(resp)
+
+        return await self.call(verb, once)
+
+    async def _delete(self, method: Callable[..., Awaitable[Any]], *args: Any,
+                      **kwargs: Any) -> bool:
+        """One delete call; False when the object was already gone (404)."""
+        try:
+            await self._request("delete", method, *args, **kwargs)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
     # -- Pods ----------------------------------------------------------------------------------
 
     async def create_pod(self, pod: client.V1Pod) -> dict[str, Any]:
-        async def create() -> dict[str, Any]:
-            resp = await self.core.create_namespaced_pod(self.namespace, pod,
-                                                         _preload_content=False, _request_timeout=_TIMEOUT)
-            return await _json_or_raise(resp)
-
-        return await self.call("create", create)
+        return await self._request("create", self.core.create_namespaced_pod, self.namespace, pod)
 
     async def read_pod(self, name: str) -> dict[str, Any] | None:
-        async def read() -> dict[str, Any]:
-            resp = await self.core.read_namespaced_pod(name, self.namespace, _preload_content=False, _request_timeout=_TIMEOUT)
-            return await _json_or_raise(resp)
-
         try:
-            return await self.call("get", read)
+            return await self._request("get", self.core.read_namespaced_pod, name,
+                                       self.namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -151,63 +165,32 @@ class KubeApi:
         """Delete gracefully (the Pod's own grace period) unless `grace_s` says otherwise;
         False when it was already gone."""
         grace: dict[str, Any] = {} if grace_s is None else {"grace_period_seconds": grace_s}
-
-        async def delete() -> dict[str, Any]:
-            resp = await self.core.delete_namespaced_pod(
-                name, self.namespace, _preload_content=False, _request_timeout=_TIMEOUT, **grace)
-            return await _json_or_raise(resp)
-
-        return await self._delete(delete)
+        return await self._delete(self.core.delete_namespaced_pod, name, self.namespace, **grace)
 
     async def delete_pods(self, label_selector: str, grace_s: int | None = None) -> int:
         """deletecollection by label; how many Pods it deleted."""
         grace: dict[str, Any] = {} if grace_s is None else {"grace_period_seconds": grace_s}
-
-        async def sweep() -> dict[str, Any]:
-            resp = await self.core.delete_collection_namespaced_pod(
-                self.namespace, label_selector=label_selector, _preload_content=False,
-                _request_timeout=_TIMEOUT, **grace)
-            return await _json_or_raise(resp)
-
-        body = await self.call("deletecollection", sweep)
+        body = await self._request("deletecollection", self.core.delete_collection_namespaced_pod,
+                                   self.namespace, label_selector=label_selector, **grace)
         return len(body.get("items") or [])
 
-    async def create_secret(self, secret: client.V1Secret) -> dict[str, Any]:
-        async def create() -> dict[str, Any]:
-            resp = await self.core.create_namespaced_secret(
-                self.namespace, secret, _preload_content=False, _request_timeout=_TIMEOUT)
-            return await _json_or_raise(resp)
+    # -- the attempts' Secrets -----------------------------------------------------------------
 
-        return await self.call("create", create)
+    async def create_secret(self, secret: client.V1Secret) -> dict[str, Any]:
+        return await self._request("create", self.core.create_namespaced_secret, self.namespace,
+                                   secret)
 
     async def delete_secret(self, name: str) -> bool:
-        async def delete() -> dict[str, Any]:
-            resp = await self.core.delete_namespaced_secret(
-                name, self.namespace, _preload_content=False, _request_timeout=_TIMEOUT)
-            return await _json_or_raise(resp)
-
-        return await self._delete(delete)
-
-    async def _delete(self, delete: Callable[[], Awaitable[dict[str, Any]]]) -> bool:
-        """One delete call; False when the object was already gone (404)."""
-        try:
-            await self.call("delete", delete)
-            return True
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
+        return await self._delete(self.core.delete_namespaced_secret, name, self.namespace)
 
     async def delete_secrets(self, label_selector: str) -> int:
         """deletecollection of Secrets by label (what they own, the garbage collector takes)."""
-        async def sweep() -> dict[str, Any]:
-            resp = await self.core.delete_collection_namespaced_secret(
-                self.namespace, label_selector=label_selector, _preload_content=False,
-                _request_timeout=_TIMEOUT)
-            return await _json_or_raise(resp)
-
-        body = await self.call("deletecollection", sweep)
+        body = await self._request("deletecollection",
+                                   self.core.delete_collection_namespaced_secret, self.namespace,
+                                   label_selector=label_selector)
         return len(body.get("items") or [])
+
+    # -- lists, watches, logs ------------------------------------------------------------------
 
     def _lister(self, resource: str) -> Callable[..., Awaitable[Any]]:
         if resource == "nodes":
@@ -218,14 +201,7 @@ class KubeApi:
                            label_selector: str = "") -> tuple[list[dict[str, Any]], str]:
         """(items, the list's resourceVersion) of "pods" (this namespace) or "nodes", as
         plain dicts (cheaper than typed models)."""
-        lister = self._lister(resource)
-
-        async def list_() -> dict[str, Any]:
-            resp = await lister(label_selector=label_selector, _preload_content=False,
-                                _request_timeout=_TIMEOUT)
-            return await _json_or_raise(resp)
-
-        body = await self.call("list", list_)
+        body = await self._request("list", self._lister(resource), label_selector=label_selector)
         return list(body.get("items") or []), str(body.get("metadata", {}).get("resourceVersion", ""))
 
     async def list_pods(self, label_selector: str) -> tuple[list[dict[str, Any]], str]:
@@ -276,35 +252,17 @@ class KubeApi:
                                data: dict[str, str]) -> dict[str, Any]:
         body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name, labels=labels),
                                   data=data)
-
-        async def create() -> dict[str, Any]:
-            resp = await self.core.create_namespaced_config_map(self.namespace, body,
-                                                                _preload_content=False, _request_timeout=_TIMEOUT)
-            return await _json_or_raise(resp)
-
-        async def read() -> dict[str, Any]:
-            resp = await self.core.read_namespaced_config_map(name, self.namespace,
-                                                              _preload_content=False, _request_timeout=_TIMEOUT)
-            return await _json_or_raise(resp)
-
         try:
-            return await self.call("create", create)
+            return await self._request("create", self.core.create_namespaced_config_map,
+                                       self.namespace, body)
         except ApiException as exc:
             if exc.status == 409 and reason_of(exc) == "AlreadyExists":
-                return await self.call("get", read)
+                return await self._request("get", self.core.read_namespaced_config_map, name,
+                                           self.namespace)
             raise
 
     async def delete_configmap(self, name: str) -> None:
-        async def delete() -> dict[str, Any]:
-            resp = await self.core.delete_namespaced_config_map(name, self.namespace,
-                                                                _preload_content=False, _request_timeout=_TIMEOUT)
-            return await _json_or_raise(resp)
-
-        try:
-            await self.call("delete", delete)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        await self._delete(self.core.delete_namespaced_config_map, name, self.namespace)
 
 
 async def _json_or_raise(resp: Any) -> dict[str, Any]:

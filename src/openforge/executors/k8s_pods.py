@@ -57,50 +57,84 @@ class KubernetesOptions(PluginOptions):
 
     image: str
     """the rollout image, see deploy/kubernetes/Dockerfile; digest-pinned ideally"""
-    kubeconfig: Path | None = None  # None: in-cluster service account, else $KUBECONFIG
+    kubeconfig: Path | None = None
+    """The kubeconfig file; None: the in-cluster service account, else $KUBECONFIG or
+    ~/.kube/config."""
     context: str | None = None
+    """The kubeconfig context (None: its current one)."""
     namespace: str = "default"
+    """Where the attempts' Secrets and Pods and the run's owner ConfigMap go."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """The containers' imagePullPolicy."""
     image_pull_secrets: list[str] = Field(default_factory=list)
-    # The image's Python (it runs `-m openforge.executors.k8s_sandbox ROLE` as each
-    # container's `args`, under the image's own ENTRYPOINT, e.g. tini).
+    """Names of Secrets the kubelet pulls the image with."""
     python: str = "python"
-    # Replaces the image's ENTRYPOINT when set (the container's `command`).
+    """The image's Python: each container's `args` are `PYTHON -m
+    openforge.executors.k8s_sandbox ROLE`, under the image's own ENTRYPOINT (e.g. tini)."""
     entrypoint: list[str] | None = None
-    env: dict[str, str] = Field(default_factory=dict)  # added to the agent container
-    # The gateway URL as Pods must reach it (a Service); default: the runner's own URL.
+    """Replaces the image's ENTRYPOINT when set (the containers' `command`)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables added to the agent container."""
     gateway_url: str | None = None
-    # The agent container's resources (it runs the harness).
+    """The gateway URL as Pods must reach it (a Service); None: the runner's own URL."""
     requests: dict[str, str] = Field(default_factory=lambda: {"cpu": "1", "memory": "1Gi"})
+    """The agent container's resource requests (it runs the harness)."""
     limits: dict[str, str] = Field(default_factory=lambda: {"memory": "4Gi"})
-    # The supervisor's (it runs the environment's services).
+    """The agent container's resource limits."""
     supervisor_requests: dict[str, str] = Field(
         default_factory=lambda: {"cpu": "100m", "memory": "256Mi"})
+    """The supervisor's resource requests (it runs the environment's services)."""
     supervisor_limits: dict[str, str] = Field(default_factory=dict)
+    """The supervisor's resource limits."""
     runtime_class: str | None = None
+    """The Pods' runtimeClassName (gVisor or Kata for untrusted agent code)."""
     node_selector: dict[str, str] = Field(default_factory=dict)
+    """The Pods' nodeSelector."""
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    """The Pods' tolerations, as written in a manifest."""
     labels: dict[str, str] = Field(default_factory=dict)
+    """Labels added to every Pod and Secret."""
     annotations: dict[str, str] = Field(default_factory=dict)
-    max_concurrency: int = Field(64, ge=1)  # Pods in flight
-    create_qps: float = Field(20.0, gt=0)  # Pod creations per second (token bucket)
+    """Annotations added to every Pod."""
+    max_concurrency: int = Field(64, ge=1)
+    """Pods in flight at most."""
+    create_qps: float = Field(20.0, gt=0)
+    """Pod creations per second at most (a token bucket)."""
     create_burst: int = Field(10, ge=1)
-    pending_timeout_s: float = Field(600.0, gt=0)  # scheduling + image pull + preparing
-    image_pull_timeout_s: float = Field(300.0, gt=0)  # transient pull errors, at most
-    admission_wait_s: float = Field(600.0, ge=0)  # quota / admission refusals, at most
-    node_lost_s: float = Field(60.0, gt=0)  # a lost node fails its Pods after this
-    watch_nodes: bool = True  # needs nodes get/list/watch (deploy/kubernetes/rbac.yaml)
-    kill_margin_s: float = Field(30.0, ge=0)  # client-side wait past the run timeout
-    deadline_slack_s: float = Field(15.0, ge=0)  # activeDeadlineSeconds past the timeouts
+    """Pod creations at once at most."""
+    pending_timeout_s: float = Field(600.0, gt=0)
+    """Seconds a Pod may take to start: scheduling, image pull, preparing."""
+    image_pull_timeout_s: float = Field(300.0, gt=0)
+    """Seconds transient image-pull errors are waited out, at most."""
+    admission_wait_s: float = Field(600.0, ge=0)
+    """Seconds quota and admission refusals are waited out, at most."""
+    node_lost_s: float = Field(60.0, gt=0)
+    """A node NotReady or gone, or a Pod in phase Unknown, this long fails the attempt."""
+    watch_nodes: bool = True
+    """Watch Nodes to see a lost node (needs nodes get/list/watch:
+    deploy/kubernetes/rbac.yaml)."""
+    kill_margin_s: float = Field(30.0, ge=0)
+    """Seconds the executor waits past the rollout timeout before it deletes the Pod."""
+    deadline_slack_s: float = Field(15.0, ge=0)
+    """activeDeadlineSeconds is pending_timeout_s + the rollout timeout + this."""
     termination_grace_s: int = Field(5, ge=0)
-    force_delete_after_s: float = Field(10.0, ge=0)  # past the grace period
-    resync_s: float = Field(30.0, gt=0)  # a fresh list at least this often
+    """The Pods' terminationGracePeriodSeconds: SIGTERM to SIGKILL."""
+    force_delete_after_s: float = Field(10.0, ge=0)
+    """Past the grace period, a Pod still there after this is force-deleted."""
+    resync_s: float = Field(30.0, gt=0)
+    """A full list of the run's Pods (and of Nodes) at least this often."""
     api_retries: int = Field(5, ge=0)
+    """Retries of an API call that failed transiently (409 Conflict, 429, 5xx)."""
     backoff_s: float = Field(0.5, gt=0)
+    """The first back-off of a retried call, doubled each time (also the quota wait's)."""
     backoff_max_s: float = Field(10.0, gt=0)
-    adopt_window_s: float = Field(60.0, ge=0)  # how long found Pods wait to be claimed
+    """The longest back-off."""
+    adopt_window_s: float = Field(60.0, ge=0)
+    """After a restart, how long Pods an earlier orchestrator left wait to be claimed."""
     owner_reference: bool = True
+    """Own the run's Secrets (and so its Pods) by a per-run ConfigMap."""
     log_tail_lines: int = Field(50, ge=1)
+    """Lines of the verifier's log read when its termination message holds no result."""
 
 
 def _snake_keys(manifest: dict[str, Any]) -> dict[str, Any]:

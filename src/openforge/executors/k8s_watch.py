@@ -39,8 +39,6 @@ class Informer:
         self.objects: dict[str, Obj] = {}
         self.synced = asyncio.Event()
         self.forbidden: ApiException | None = None  # RBAC said no: the informer stopped
-        self.lists = 0
-        self.watches = 0
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -64,7 +62,6 @@ class Informer:
 
     async def _relist(self) -> str:
         items, rv = await self.api.list_objects(self.resource, self.selector)
-        self.lists += 1
         seen = set()
         for obj in items:
             seen.add(obj["metadata"]["name"])
@@ -83,7 +80,6 @@ class Informer:
                 if rv is None or windows >= WINDOWS_PER_LIST:
                     rv, windows = await self._relist(), 0
                 windows += 1
-                self.watches += 1
                 async for event in self.api.watch_objects(self.resource, self.selector, rv,
                                                           self.resync_s / WINDOWS_PER_LIST):
                     kind, obj = event.get("type"), event.get("object") or {}

@@ -152,7 +152,6 @@ class _SecretReaper:
         self._queue: dict[str, set[str]] = {}  # run label -> rollout labels
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.batches = 0
 
     def add(self, run_id: str, rollout_id: str) -> None:
         self._queue.setdefault(label_value(run_id), set()).add(label_value(rollout_id))
@@ -177,7 +176,6 @@ class _SecretReaper:
                            f"{ROLLOUT_LABEL} in ({','.join(batch)})"
                 try:
                     await api.delete_secrets(selector)
-                    self.batches += 1
                 except Exception as exc:  # the sweep at close and the owner GC are backstops
                     log.warning("could not delete %d Secrets: %s", len(batch), exc)
             self._queue.pop(run, None)
@@ -199,14 +197,13 @@ class KubernetesExecutor(Executor):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.config = self.options
-        _check_kubeconfig(self.config.kubeconfig)
+        _check_kubeconfig(self.options.kubeconfig)
         self._api: KubeApi | None = None
         self._scopes: dict[str, _RunScope] = {}
         self._nodes: NodeWatcher | None = None
         self._lock = asyncio.Lock()
-        self._slots = asyncio.Semaphore(self.config.max_concurrency)
-        self._limiter = RateLimiter(self.config.create_qps, self.config.create_burst)
+        self._slots = asyncio.Semaphore(self.options.max_concurrency)
+        self._limiter = RateLimiter(self.options.create_qps, self.options.create_burst)
         self._reaper = _SecretReaper(self._connect)
         self._waiting: dict[str, str] = {}  # Pod name -> what it waits for (progress line)
         self.stats: Counter[str] = Counter()
@@ -214,7 +211,7 @@ class KubernetesExecutor(Executor):
 
     def describe_sandbox(self) -> str:
         """One line for the run's header saying where rollouts run."""
-        c = self.config
+        c = self.options
         runtime = f", runtimeClass {c.runtime_class}" if c.runtime_class else ""
         return (f"sandbox: Kubernetes Pods in namespace {c.namespace} (image {c.image}{runtime}, "
                 f"at most {c.max_concurrency} at a time; the agent's container holds no "
@@ -234,7 +231,7 @@ class KubernetesExecutor(Executor):
 
     async def _connect(self) -> KubeApi:
         if self._api is None:
-            c = self.config
+            c = self.options
             try:
                 self._api = await KubeApi.connect(c.kubeconfig, c.context, c.namespace,
                                                   retries=c.api_retries, backoff_s=c.backoff_s,
@@ -247,9 +244,9 @@ class KubernetesExecutor(Executor):
         return self._api
 
     def _watch_nodes(self, api: KubeApi) -> None:
-        if self._nodes is not None or not self.config.watch_nodes:
+        if self._nodes is not None or not self.options.watch_nodes:
             return
-        self._nodes = NodeWatcher(api, self.config.resync_s)
+        self._nodes = NodeWatcher(api, self.options.resync_s)
 
         def nudge(node: str) -> None:
             for scope in self._scopes.values():
@@ -259,19 +256,22 @@ class KubernetesExecutor(Executor):
         self._nodes.start()
 
     async def _scope(self, run_id: str) -> _RunScope:
+        # Every attempt asks: once the run's scope exists, without queueing on the lock.
+        if (scope := self._scopes.get(run_id)) is not None:
+            return scope
         async with self._lock:
             if run_id in self._scopes:
                 return self._scopes[run_id]
             api = await self._connect()
             self._watch_nodes(api)
             owner = None
-            if self.config.owner_reference:
+            if self.options.owner_reference:
                 labels = {MANAGED_BY: "openforge", RUN_LABEL: label_value(run_id)}
                 cm = await api.ensure_configmap(owner_name(run_id), labels, {"run-id": run_id})
                 owner = V1OwnerReference(api_version="v1", kind="ConfigMap",
                                          name=cm["metadata"]["name"], uid=cm["metadata"]["uid"],
                                          block_owner_deletion=False, controller=False)
-            watcher = PodWatcher(api, run_selector(run_id), self.config.resync_s)
+            watcher = PodWatcher(api, run_selector(run_id), self.options.resync_s)
             watcher.start()
             try:
                 async with asyncio.timeout(_SYNC_TIMEOUT_S):
@@ -279,7 +279,7 @@ class KubernetesExecutor(Executor):
             except TimeoutError:
                 await watcher.stop()
                 raise KubernetesExecutorError(
-                    f"cannot list Pods in namespace {self.config.namespace} "
+                    f"cannot list Pods in namespace {self.options.namespace} "
                     f"within {_SYNC_TIMEOUT_S:g}s") from None
             if watcher.forbidden is not None:
                 await watcher.stop()
@@ -294,7 +294,7 @@ class KubernetesExecutor(Executor):
 
     async def _sweep_unclaimed(self, scope: _RunScope) -> None:
         """After the adoption window, delete the found Pods no attempt claimed."""
-        await asyncio.sleep(self.config.adopt_window_s)
+        await asyncio.sleep(self.options.adopt_window_s)
         api = await self._connect()
         for name, pod in list(scope.found.items()):
             scope.found.pop(name, None)
@@ -328,7 +328,7 @@ class KubernetesExecutor(Executor):
         except Exception:
             return False
         found = scope.found.get(pod_name(spec))
-        return found is not None and _digest_of(found) == spec_digest(spec, self.config)
+        return found is not None and _digest_of(found) == spec_digest(spec, self.options)
 
     # -- one attempt ---------------------------------------------------------------------------
 
@@ -370,7 +370,7 @@ class KubernetesExecutor(Executor):
         api = await self._connect()
         found = scope.found.pop(name, None)
         if found is not None:
-            if _digest_of(found) == spec_digest(spec, self.config):
+            if _digest_of(found) == spec_digest(spec, self.options):
                 self.stats["adopted"] += 1
                 return found
             await self._replace(api, name)  # made from another spec under our name
@@ -380,7 +380,7 @@ class KubernetesExecutor(Executor):
             return _Refused(f"Pod {name} of a resumed try is gone, and its session token "
                             "with it")
         try:
-            secret = build_secret(spec, self.config, scope.owner)
+            secret = build_secret(spec, self.options, scope.owner)
         except ValueError as exc:
             return _Refused(str(exc))
         await self._limiter.acquire()
@@ -389,7 +389,7 @@ class KubernetesExecutor(Executor):
             return created
         owner = V1OwnerReference(api_version="v1", kind="Secret", name=name,
                                  uid=created["metadata"]["uid"], block_owner_deletion=False)
-        pod = build_pod(spec, self.config, owner)
+        pod = build_pod(spec, self.options, owner)
         made = await self._create_fresh(api, name, "Pod", lambda: api.create_pod(pod))
         if not isinstance(made, _Refused):
             self.stats["created"] += 1
@@ -409,7 +409,7 @@ class KubernetesExecutor(Executor):
                       create: Callable[[], Awaitable[Obj]]) -> Obj | _Refused | str:
         """Create, waiting with back-off while a quota or an admission policy refuses (up to
         `admission_wait_s`); "exists" on 409 AlreadyExists."""
-        c = self.config
+        c = self.options
         loop = asyncio.get_running_loop()
         since: float | None = None
         backoff = c.backoff_s
@@ -451,12 +451,12 @@ class KubernetesExecutor(Executor):
             with contextlib.suppress(Exception):
                 if await api.read_pod(name) is None:
                     return
-            await asyncio.sleep(self.config.backoff_s)
+            await asyncio.sleep(self.options.backoff_s)
 
     async def _follow(self, spec: RolloutSpec, name: str, pod: Obj,
                       queue: asyncio.Queue[tuple[str, Obj]], failed: Any) -> RolloutResult:
         """Follow the Pod to its end: finished, never able to start, lost, or out of time."""
-        c = self.config
+        c = self.options
         uid = pod["metadata"]["uid"]
         loop = asyncio.get_running_loop()
         pending_until = loop.time() + c.pending_timeout_s
@@ -542,7 +542,7 @@ class KubernetesExecutor(Executor):
         tail = ""
         if result is None and verifier:
             tail = await (await self._connect()).pod_log(name, VERIFIER,
-                                                         self.config.log_tail_lines)
+                                                         self.options.log_tail_lines)
             result = parse_result(tail, key)
         if result is not None and verifier.get("exitCode") == 0:
             try:
@@ -567,7 +567,7 @@ class KubernetesExecutor(Executor):
         queued for deletion (the garbage collector then takes the Pod) and the slot is free at
         once. A Pod still running is deleted gracefully now, and waited for.
         """
-        c = self.config
+        c = self.options
         self._reaper.add(spec.run_id, spec.rollout_id)  # the Secret (the Pod goes with it)
         if pod is None:
             return
