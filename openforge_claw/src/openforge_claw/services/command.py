@@ -1,4 +1,6 @@
-"""A mock service that is a program of the task's own (Claw-Eval's `command:` services).
+"""A mock service that is a program of the task's own (an openforge claw task's `command`
+kind; a Claw-Eval checkout's services start through `claweval/services.py`, which shares
+`free_port` and `stop_group` from here).
 
 The command runs in its own process group with `{port}` in its arguments and the `PORT`
 environment variable set to a free loopback port chosen here (never the fixed port the
