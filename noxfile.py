@@ -108,7 +108,8 @@ def claw(session: nox.Session) -> None:
     """openforge-claw: its task set, mock services, loaders, rewards and recipe (mini harness);
     Claw-Eval and QwenClawBench on fixture checkouts (services, MCP bridge, their own graders,
     the judge, `openforge run`). The real checkouts are the acceptance (docs/claw.md):
-    QwenClawBench with OPENFORGE_QCB_PATH set, Claw-Eval by hand."""
+    QwenClawBench with OPENFORGE_QCB_PATH set (test_qwenclawbench_real.py), Claw-Eval with
+    OPENFORGE_CLAW_EVAL_PATH set (test_claw_eval_real.py)."""
     install_openforge(session)
     session.install("./openforge_claw[claw-eval,judge,test]")
     session.run("python", "-m", "pytest", "-q", "openforge_claw/tests", *session.posargs)

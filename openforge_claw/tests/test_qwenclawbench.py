@@ -222,7 +222,7 @@ def test_grader_failures(tmp_path: Path) -> None:
 
 
 def test_grader_runs_sandboxed_when_bubblewrap_works(tmp_path: Path) -> None:
-    if qg.usable_bwrap() is None:
+    if check_sandbox.usable_bwrap() is None:
         pytest.skip("bubblewrap is not installed (apt-get install bubblewrap; .ci/run does)")
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -256,7 +256,7 @@ def test_a_bubblewrap_that_cannot_sandbox_here_falls_back_to_a_process(
     monkeypatch.setattr(check_sandbox, "bwrap_path", lambda: str(fake))
     check_sandbox.usable_bwrap.cache_clear()
     try:
-        assert qg.usable_bwrap() is None
+        assert check_sandbox.usable_bwrap() is None
         ws = tmp_path / "ws"
         ws.mkdir()
         assert qg.run_grader("def grade(t, w):\n    return {'ok': 1}\n", [], ws, 60) == {

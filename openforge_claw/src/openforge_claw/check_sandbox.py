@@ -5,13 +5,15 @@ repaired) and QwenClawBench's `grade()` may import or execute them. Both run aft
 agent has ended, on the trusted side, so they get a sandbox of their own with no more reach
 than the agent had (docs/sandboxing.md): openforge's allowlisted view
 (`openforge.sandbox.view.build_view`: system folders and this Python read-only, never the
-real HOME), the workspace writable, a private /tmp, no network, every capability dropped
+real HOME) as the harness's bubblewrap mounts it (`openforge.sandbox.bwrap.view_options`),
+the workspace writable (at /workspace for Claw-Eval), a private /tmp, no network, every capability dropped
 (bubblewrap run by root keeps them otherwise, and with CAP_SYS_ADMIN a check could remount
 a read-only folder read-write).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import subprocess
 import sys
@@ -19,10 +21,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from openforge.sandbox.bwrap import ISOLATE, view_options
 from openforge.sandbox.modes import bwrap_path
-from openforge.sandbox.view import build_view
-
-ISOLATE = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+from openforge.sandbox.view import Bind, build_view
 
 
 @functools.cache
@@ -45,28 +46,16 @@ def prefix(workspace: Path, *, mount_at: str | None = None,
            writable: Sequence[Path] = (), python: str = sys.executable,
            with_proc: bool = True) -> list[str]:
     """The bubblewrap options (after the program's name) for one check: the allowlisted
-    view, `writable` folders read-write at their own paths, `workspace` read-write at
-    `mount_at` (default: its own path) and the working folder. The caller appends its own
-    options (`--clearenv`, `--setenv`) and then the command."""
+    view with `workspace` as its agent folder, mounted read-write at `mount_at` (default:
+    its own path) and the working folder, and `writable` folders read-write at their own
+    paths; the network unshared (`openforge.sandbox.bwrap.ISOLATE`). The caller appends its
+    own options (`--clearenv`, `--setenv`) and then the command."""
     workspace = workspace.resolve()
+    at = mount_at or str(workspace)
     view = build_view(workspace, workspace=workspace, programs=[Path(python).parent],
                       protected=[Path.home()])
-    argv = [*ISOLATE, "--dev", "/dev"]
-    if with_proc:
-        argv += ["--proc", "/proc"]
-    for path in view.tmpfs:
-        argv += ["--tmpfs", path]
-    workspace_src = str(workspace)
-    for bind in view.binds:
-        if bind.rw:  # the view's agent folder: here the workspace, mounted below
-            continue
-        argv += ["--ro-bind", bind.src, bind.dst]
-    for target, path in view.symlinks:
-        argv += ["--symlink", target, path]
-    for path in view.masks:
-        argv += ["--ro-bind", "/dev/null", path]
-    for folder in writable:
-        argv += ["--bind", str(folder), str(folder)]
-    at = mount_at or workspace_src
-    argv += ["--bind", workspace_src, at, "--chdir", at]
-    return argv
+    binds = [b for b in view.binds if not b.rw]  # the view's agent folder moves to `at`
+    binds += [Bind(str(f), str(f), rw=True) for f in writable]
+    binds.append(Bind(str(workspace), at, rw=True))
+    return [*ISOLATE, *view_options(dataclasses.replace(view, binds=binds, cwd=at),
+                                    proc=with_proc)]

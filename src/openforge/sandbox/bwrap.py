@@ -1,4 +1,4 @@
-"""A `View` as a bubblewrap command line.
+"""A `View` as a bubblewrap command line (`view_options`; `bwrap_argv` for the harness).
 
 Besides the view: every namespace unshared except the network (the harness reaches the
 gateway and the environment's services on 127.0.0.1), a new session (no TIOCSTI into a
@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from openforge.sandbox.view import View
 
+# Every namespace unshared (the network too), no terminal, no capabilities, gone with us.
+ISOLATE = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
 
-def bwrap_argv(bwrap: str, view: View, command: list[str], info_fd: int) -> list[str]:
-    argv = [bwrap, "--unshare-all", "--share-net", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--hostname", "openforge", "--as-pid-1",
-            "--info-fd", str(info_fd),
-            "--dev", "/dev", "--proc", "/proc"]
+
+def view_options(view: View, *, proc: bool = True) -> list[str]:
+    """The view as bubblewrap mount options, ending in `--chdir` (its working folder).
+    `proc=False` inside another bubblewrap sandbox, which cannot mount a /proc of its own."""
+    argv = ["--dev", "/dev", *(["--proc", "/proc"] if proc else [])]
     for path in view.tmpfs:
         argv += ["--tmpfs", path]
     for bind in view.binds:
@@ -28,5 +30,9 @@ def bwrap_argv(bwrap: str, view: View, command: list[str], info_fd: int) -> list
         argv += ["--symlink", target, path]
     for path in view.masks:
         argv += ["--ro-bind", "/dev/null", path]
-    argv += ["--chdir", view.cwd, "--", *command]
-    return argv
+    return [*argv, "--chdir", view.cwd]
+
+
+def bwrap_argv(bwrap: str, view: View, command: list[str], info_fd: int) -> list[str]:
+    return [bwrap, *ISOLATE, "--share-net", "--hostname", "openforge", "--as-pid-1",
+            "--info-fd", str(info_fd), *view_options(view), "--", *command]

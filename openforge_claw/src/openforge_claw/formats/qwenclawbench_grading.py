@@ -3,8 +3,9 @@
 - automated: the task's own `grade(transcript, workspace_path)` runs (its own process,
   in the checks' sandbox when bubblewrap works here (`check_sandbox`: openforge's
   allowlisted view, the workspace writable, private /tmp, no network, no capabilities),
-  else in a fresh sandbox of the attempt (`openforge.sandbox.verifier`); a hard timeout) on the final workspace and the transcript in OpenClaw's
-  session-event format (`openclaw_events.py`). Its criterion dict is kept; the score is
+  else in a fresh sandbox of the attempt (`openforge.sandbox.verifier`); a hard timeout)
+  on the final workspace and the transcript in OpenClaw's session-event format
+  (`openclaw_events.py`). Its criterion dict is kept; the score is
   the mean of its numeric values.
 - llm_judge: a judge model (`environment_options.judge_base_url` / `judge_model`, any
   OpenAI-compatible endpoint) scores the rubric; its per-criterion dict is kept.
@@ -100,11 +101,6 @@ def transcript(task: ClawTask, workspace: Path, final_state: dict[str, Any],
 
 # -- the automated checks --------------------------------------------------------------------
 
-def usable_bwrap() -> str | None:
-    """bubblewrap, when it can build the checks' sandbox here (`check_sandbox`)."""
-    return check_sandbox.usable_bwrap()
-
-
 def run_grader(code: str, events: list[dict[str, Any]], workspace: Path,
                timeout_s: float) -> dict[str, Any]:
     """The runner's result for `code` on `workspace` (see `qwenclawbench_runner`).
@@ -115,7 +111,7 @@ def run_grader(code: str, events: list[dict[str, Any]], workspace: Path,
     the attempt itself had no isolation, or outside a rollout)."""
     workspace = workspace.resolve()
     job = {"code": code, "transcript": events, "workspace": str(workspace)}
-    bwrap = usable_bwrap()
+    bwrap = check_sandbox.usable_bwrap()
     if bwrap is None:
         done = grader_process.run_verified(QCB_RUNNER, job, cwd=workspace, timeout_s=timeout_s)
     else:

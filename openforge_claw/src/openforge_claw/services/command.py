@@ -1,4 +1,6 @@
-"""A mock service that is a program of the task's own (Claw-Eval's `command:` services).
+"""A mock service that is a program of the task's own (an openforge claw task's `command`
+kind; a Claw-Eval checkout's services start through `claweval/services.py`, which shares
+`free_port` and `stop_group` from here).
 
 The command runs in its own process group with `{port}` in its arguments and the `PORT`
 environment variable set to a free loopback port chosen here (never the fixed port the
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import time
@@ -19,24 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from openforge.executors.process import die_with_parent
+from openforge.executors.process import die_with_parent, kill_tree
 
 _READY_TIMEOUT_S = 20.0
 
 
 def stop_group(proc: subprocess.Popen[bytes]) -> None:
-    """End a process started with `start_new_session` and everything in its group:
-    SIGTERM, then SIGKILL when it does not go within 3 s."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=3)
-            break
-        except subprocess.TimeoutExpired:
-            continue
+    """End a process started with `start_new_session`, its group and its descendants
+    (`openforge.executors.process.kill_tree`: SIGTERM, SIGKILL after 3 s), and reap it."""
+    kill_tree(proc.pid, proc.pid, grace_s=3.0)
     proc.wait()
 
 
