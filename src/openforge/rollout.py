@@ -1,6 +1,7 @@
 """The rollout supervisor: the trusted process that runs one attempt and scores it.
 
-    python -m openforge.rollout [--sandbox MODE] [--dir DIR] [--protect PATH]... [--key-on-stdin] SPEC_JSON
+    python -m openforge.rollout [--sandbox MODE] [--dir DIR] [--protect PATH]...
+                                [--pass-env NAME]... [--key-on-stdin] SPEC_JSON
 
 Every executor runs this program *outside* the agent's sandbox. It builds the environment,
 harness and reward named in the `RolloutSpec`, prepares the workspace (services the
