@@ -37,7 +37,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -247,24 +247,33 @@ def executors() -> list[Any]:
             for p in ALL_MODES] + [pytest.param("kubernetes", "pod", id="kubernetes-pod")]
 
 
-def run_attacks(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                executor: str, mode: str, attacks: tuple[str, ...],
-                concurrency: int = 2) -> AttackRun:
-    if executor == "kubernetes":
-        standin = request.getfixturevalue("standin")
-        return attack_run(tmp_path, monkeypatch, mode, attacks, "kubernetes",
-                          kubernetes_options(standin), concurrency,
-                          data=standin.image_data / tmp_path.name)
-    return attack_run(tmp_path, monkeypatch, mode, attacks, concurrency=concurrency)
+@pytest.fixture
+def attack(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+           clean: float) -> Callable[..., AttackRun]:
+    """`attack(executor, mode, attacks, concurrency=2)`: run `attacks` there, and check what
+    every attack must leave: no process (the `clean` fixture kills and reports them at the
+    end too) and nothing forged."""
+
+    def run_attacks(executor: str, mode: str, attacks: tuple[str, ...],
+                    concurrency: int = 2) -> AttackRun:
+        if executor == "kubernetes":
+            standin = request.getfixturevalue("standin")
+            run = attack_run(tmp_path, monkeypatch, mode, attacks, "kubernetes",
+                             kubernetes_options(standin), concurrency,
+                             data=standin.image_data / tmp_path.name)
+        else:
+            run = attack_run(tmp_path, monkeypatch, mode, attacks, concurrency=concurrency)
+        assert leftovers(clean) == []
+        assert_nothing_forged(run)
+        return run
+
+    return run_attacks
 
 
 @pytest.mark.parametrize("executor, mode", executors())
-def test_attacks_never_score_and_leave_nothing(request: pytest.FixtureRequest, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch, executor: str,
-                                               mode: str, clean: float) -> None:
-    run = run_attacks(request, tmp_path, monkeypatch, executor, mode, ATTACKS)
-    assert leftovers(clean) == []
-    assert_nothing_forged(run)
+def test_attacks_never_score_and_leave_nothing(attack: Callable[..., AttackRun], executor: str,
+                                               mode: str) -> None:
+    run = attack(executor, mode, ATTACKS)
     records = run.records
     assert set(records) == set(ATTACKS)
     assert {r.sandbox for r in records.values()} == {mode}
@@ -330,12 +339,9 @@ def test_attacks_never_score_and_leave_nothing(request: pytest.FixtureRequest, t
 
 
 @pytest.mark.parametrize("executor, mode", executors())
-def test_tampered_task_data_never_scores(request: pytest.FixtureRequest, tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch, executor: str,
-                                         mode: str, clean: float) -> None:
-    run = run_attacks(request, tmp_path, monkeypatch, executor, mode, TAMPER_ATTACKS, 1)
-    assert leftovers(clean) == []
-    assert_nothing_forged(run)
+def test_tampered_task_data_never_scores(attack: Callable[..., AttackRun], executor: str,
+                                         mode: str) -> None:
+    run = attack(executor, mode, TAMPER_ATTACKS, 1)
     tamper, exploit = run.records["tamper"], run.records["exploit"]
     if run.isolating:
         # The data is mapped read-only: the write fails, the honest score is 0.
@@ -354,12 +360,9 @@ def test_tampered_task_data_never_scores(request: pytest.FixtureRequest, tmp_pat
 
 
 @pytest.mark.parametrize("executor, mode", executors())
-def test_a_sibling_cannot_use_its_neighbours_token(request: pytest.FixtureRequest, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch, executor: str,
-                                                   mode: str, clean: float) -> None:
-    run = run_attacks(request, tmp_path, monkeypatch, executor, mode, SIBLING_ATTACKS)
-    assert leftovers(clean) == []
-    assert_nothing_forged(run)
+def test_a_sibling_cannot_use_its_neighbours_token(attack: Callable[..., AttackRun],
+                                                   executor: str, mode: str) -> None:
+    run = attack(executor, mode, SIBLING_ATTACKS)
     assert "victim released: b'done'" in run.said("victim")  # they did run side by side
     assert {r.status for r in run.records.values()} == {"ok"}
     stolen = {t for t, owner in run.found_tokens("sibling").items() if owner == "victim"}

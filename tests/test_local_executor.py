@@ -243,7 +243,7 @@ async def test_code_under_tmp_stays_importable(tmp_path: Path, mode: str,
 def test_describe_sandbox_names_the_mode_and_warns_without_isolation() -> None:
     text = LocalExecutor(sandbox="none").describe_sandbox()
     assert text.startswith("sandbox: none. WARNING: rollouts run WITHOUT isolation")
-    assert os.path.exists(LocalExecutor(sandbox="none").config.python)
+    assert os.path.exists(LocalExecutor(sandbox="none").options.python)
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """The rollout supervisor: the trusted process that runs one attempt and scores it.
 
-    python -m openforge.rollout [--sandbox MODE] [--dir DIR] [--protect PATH]... [--key-on-stdin] SPEC_JSON
+    python -m openforge.rollout [--sandbox MODE] [--dir DIR] [--protect PATH]...
+                                [--pass-env NAME]... [--key-on-stdin] SPEC_JSON
 
 Every executor runs this program *outside* the agent's sandbox. It builds the environment,
 harness and reward named in the `RolloutSpec`, prepares the workspace (services the
@@ -79,15 +80,10 @@ from openforge.harness import (
 from openforge.reward import Reward
 from openforge.sandbox import tamper, verifier
 from openforge.sandbox.agent import AgentExit, run_agent
-from openforge.sandbox.modes import (
-    ISOLATING,
-    SandboxMode,
-    SandboxUnavailable,
-    resolve,
-)
+from openforge.sandbox.modes import SandboxMode, SandboxUnavailable, resolve
 from openforge.sandbox.protocol import MARKER_ENV, SANDBOX_ENV, result_line, scrub_env
 from openforge.sandbox.scrub import scrub
-from openforge.sandbox.view import build_view
+from openforge.sandbox.view import View, build_view
 from openforge.types import Call, RewardResult, RolloutResult, RolloutSpec, RolloutStatus
 
 # Characters of the agent's stdout and stderr (each, the end) carried back in the result:
@@ -99,9 +95,11 @@ _STATUS: dict[str, RolloutStatus] = {"completed": "ok", "failed": "harness_error
                                      "crashed": "infra_error", "timeout": "timeout"}
 
 
-# Runs the harness command in an agent sandbox this process does not build (a Pod's agent
-# container) and returns once every process of it is gone: (command, env, stdout, stderr,
-# timeout_s) -> how it ended, its output written to `stdout` and `stderr`.
+# Runs the harness command in the agent's sandbox and returns once every process of it is
+# gone: (command, env, stdout, stderr, timeout_s) -> how it ended, its output written to
+# `stdout` and `stderr`. Without a hook a supervisor launches into a sandbox of its mode on
+# this machine (`Supervisor.launch_here`); a Pod's supervisor hands the command to the Pod's
+# agent container (`openforge.executors.k8s_sandbox`).
 Launch = Callable[[Command, dict[str, str], Path, Path, float], AgentExit]
 
 
@@ -187,7 +185,7 @@ class Supervisor:
         self.launch = launch
         self.sandbox = sandbox or mode
         # Whether the agent's files are its own (else its writes to the task's data are checked).
-        self.isolating = mode in ISOLATING if launch is None else self.sandbox != "none"
+        self.isolating = self.sandbox != "none"
         self.agent_dir, self.workspace = agent_dir, workspace
         self.pass_env = pass_env or []
         self.protected = [*(protected or []), root.parent, Path.home()]
@@ -296,7 +294,7 @@ class Supervisor:
         # meant to see: links out of it are removed before the trusted side reads anything.
         view = build_view(dirs["AGENT"], workspace=workspace, programs=programs, data=data,
                           protected=self.protected)
-        if self.mode in ISOLATING and self.launch is None:
+        if self.launch is None and self.isolating:
             for dropped in view.dropped:
                 print(f"openforge.rollout: not mapped into the sandbox: {dropped}", file=sys.stderr)
         marker = os.environ.get(MARKER_ENV) or f"{spec.rollout_id}-{os.getpid()}"
@@ -305,17 +303,9 @@ class Supervisor:
         out_path, err_path = self.root / "harness.stdout", self.root / "harness.stderr"
         command = command.model_copy(update={"cwd": command.cwd or workspace})
         timeout_s = deadline - time.monotonic() - reserve
+        launch = self.launch or self.launch_here(view)
         try:
-            if self.launch is not None:
-                exit_ = self.launch(command, env, out_path, err_path, timeout_s)
-            else:
-                exit_ = run_agent(self.mode, command, env=env,
-                                  view=view if self.mode in ISOLATING else None,
-                                  work_dir=self.root, stdout=out_path, stderr=err_path,
-                                  timeout_s=timeout_s,
-                                  # The supervisor's own children so far (services the
-                                  # environment started) are not the agent's.
-                                  trusted=own_descendants())
+            exit_ = launch(command, env, out_path, err_path, timeout_s)
         except LeftoverError as exc:
             raise _Stop("infra_error", f"could not end the agent's processes: {exc}") from None
         if exit_.setup_error:  # the sandbox or the harness program could not start
@@ -373,6 +363,19 @@ class Supervisor:
         if violation is not None:
             return violation
         return {**fields, "status": status, "reward": verdict, "error": output.error}
+
+    def launch_here(self, view: View) -> Launch:
+        """The launcher into a sandbox of this supervisor's mode, on this machine, in `view`."""
+
+        def launch(command: Command, env: dict[str, str], stdout: Path, stderr: Path,
+                   timeout_s: float) -> AgentExit:
+            return run_agent(self.mode, command, env=env, view=view, work_dir=self.root,
+                             stdout=stdout, stderr=stderr, timeout_s=timeout_s,
+                             # The supervisor's own children so far (services the
+                             # environment started) are not the agent's.
+                             trusted=own_descendants())
+
+        return launch
 
     def _violation(self, data: list[Path], before: dict[str, str],
                    fields: dict[str, Any]) -> dict[str, Any] | None:

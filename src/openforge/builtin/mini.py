@@ -57,7 +57,7 @@ class AgentProgramHarness(Harness):
     """
 
     wire_api: ClassVar[WireAPI] = "chat"
-    label: ClassVar[str] = "mini"  # in option errors and in the statuses' messages
+    label: ClassVar[str] = "mini"  # names the program in the statuses' messages
     program: ClassVar[str] = "openforge.builtin.mini_agent"
     options_model: ClassVar[type[AgentProgramOptions]] = MiniOptions
     options: AgentProgramOptions

@@ -65,7 +65,7 @@ from openforge.sandbox.protocol import (
 )
 from openforge.types import RolloutResult, RolloutSpec
 
-__all__ = ["LocalExecutor", "LocalExecutorError", "LocalOptions", "bwrap_path", "scrub_env"]
+__all__ = ["LocalExecutor", "LocalExecutorError", "LocalOptions"]
 
 
 class LocalExecutorError(OpenforgeError):
@@ -116,9 +116,8 @@ class LocalExecutor(Executor):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.config = self.options
         try:
-            self.mode = resolve(self.config.sandbox)
+            self.mode = resolve(self.options.sandbox)
         except SandboxUnavailable as exc:
             raise LocalExecutorError(f"executor option {exc}") from None
         self.bwrap = bwrap_path() if self.mode == "bwrap" else None
@@ -133,20 +132,20 @@ class LocalExecutor(Executor):
             return (f"sandbox: bubblewrap ({self.bwrap}): allowlisted read-only view, private "
                     "/tmp, own PID namespace, no capabilities")
         if self.mode == "namespaces":
-            why = "" if self.config.sandbox == "namespaces" else "; bubblewrap is not available"
+            why = "" if self.options.sandbox == "namespaces" else "; bubblewrap is not available"
             return (f"sandbox: namespaces (user, mount, PID{why}): allowlisted read-only view, "
                     "private /tmp, own PID namespace, no capabilities")
-        why = "disabled by sandbox=none" if self.config.sandbox == "none" else \
+        why = "disabled by sandbox=none" if self.options.sandbox == "none" else \
             "neither bubblewrap nor unprivileged user namespaces are available"
         return "sandbox: none. " + none_mode_warning(why)
 
     def _layout(self, spec: RolloutSpec) -> tuple[Path, dict[str, str]]:
-        base = self.config.base_dir
+        base = self.options.base_dir
         if base is not None:
             base.mkdir(parents=True, exist_ok=True)
         root = Path(tempfile.mkdtemp(prefix=f"openforge-{spec.rollout_id[:40]}-",
                                      dir=str(base) if base else None)).resolve()
-        env = scrub_env(os.environ, self.config.pass_env)
+        env = scrub_env(os.environ, self.options.pass_env)
         # The supervisor is trusted: it keeps the user's HOME (plugin caches); the agent
         # gets one of its own.
         env["HOME"] = str(Path.home())
@@ -155,11 +154,11 @@ class LocalExecutor(Executor):
         return root, env
 
     def _argv(self, root: Path, spec_path: Path) -> list[str]:
-        argv = [self.config.python, "-m", "openforge.rollout", "--sandbox", self.mode,
+        argv = [self.options.python, "-m", "openforge.rollout", "--sandbox", self.mode,
                 "--dir", str(root), "--key-on-stdin"]
         for path in self.protected:
             argv += ["--protect", str(path)]
-        for name in self.config.pass_env:
+        for name in self.options.pass_env:
             argv += ["--pass-env", name]
         return argv + [str(spec_path)]
 
@@ -191,7 +190,7 @@ class LocalExecutor(Executor):
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
             # that lands just as the wait completes, and then Ctrl-C would not stop the run.
             try:
-                async with asyncio.timeout(spec.timeout_s + self.config.kill_margin_s):
+                async with asyncio.timeout(spec.timeout_s + self.options.kill_margin_s):
                     await _exited(proc)
             except TimeoutError:
                 timed_out = True
@@ -199,7 +198,7 @@ class LocalExecutor(Executor):
             # Runs on normal exit, timeout and cancellation alike: nothing survives us.
             if proc is not None:
                 await asyncio.shield(asyncio.to_thread(
-                    kill_tree, proc.pid, proc.pid, env[MARKER_ENV], self.config.grace_s))
+                    kill_tree, proc.pid, proc.pid, env[MARKER_ENV], self.options.grace_s))
                 if proc.poll() is None:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(5):
@@ -210,11 +209,11 @@ class LocalExecutor(Executor):
                     # orphans came to us. Found here, in the event loop, between spawns.
                     orphans = adopted_since(started_at)
                     if orphans:
-                        await asyncio.shield(asyncio.to_thread(end_all, orphans, self.config.grace_s))
+                        await asyncio.shield(asyncio.to_thread(end_all, orphans, self.options.grace_s))
         result = self._collect(spec, stdout_path, stderr_path, key,
                                proc.returncode if proc else None, timed_out,
                                time.monotonic() - started)
-        if not self.config.keep_dirs:
+        if not self.options.keep_dirs:
             shutil.rmtree(root, ignore_errors=True)
         return result
 

@@ -9,7 +9,8 @@ Where an agent's processes are found, from strongest to weakest:
   drops every marker is still re-parented to it, never to PID 1: the supervisor's
   descendants, less the ones it started itself before the agent, are the agent's;
 - the process group, the leader's descendants and a marker variable in the environment
-  (`kill_tree`): hints, for sandboxes run by someone else (the Kubernetes stand-in).
+  (`kill_tree`): hints, for a tree whose members are not all ours to find otherwise (the
+  local executor's supervisor, a checker's process, the Kubernetes stand-in's containers).
 """
 
 from __future__ import annotations

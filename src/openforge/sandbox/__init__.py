@@ -1,12 +1,15 @@
 """Where the agent runs: the sandbox modes and the protocol between supervisor and executor.
 
-- `protocol`  the result line, its checks, the environment allowlist, every `OPENFORGE_*` name;
+- `protocol`  the result line, its checks, the environment allowlist, the `OPENFORGE_*`
+              names the executors, the supervisor and the gateway speak through;
 - `modes`     which isolation this machine offers (`auto` -> bwrap, namespaces or none);
 - `view`      the allowlisted file-system view an isolating mode builds for the agent;
 - `bwrap`     that view as a bubblewrap command line;
 - `nsinit`    the same view built with user, mount and PID namespaces (no bubblewrap);
 - `agent`     run the harness command in a mode, end every process of it, prove none is left;
-- `tamper`    digest of the task data the reward reads, checked before scoring.
+- `scrub`     remove what the agent left that the trusted side must not follow or open;
+- `tamper`    digest of the task data the reward reads, checked before scoring;
+- `verifier`  run what the agent wrote, for scoring, in a fresh sandbox of the attempt.
 
 docs/sandboxing.md has the threat model and what each mode guarantees.
 """

@@ -15,6 +15,7 @@ and nothing else of the supervisor's.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -95,14 +96,15 @@ def _read_info(fd: int, until_eof: bool) -> dict[str, Any]:
     return info
 
 
-def run_agent(mode: SandboxMode, command: Command, *, env: dict[str, str], view: View | None,
+def run_agent(mode: SandboxMode, command: Command, *, env: dict[str, str], view: View,
               work_dir: Path, stdout: Path, stderr: Path, timeout_s: float,
               trusted: set[Identity], grace_s: float = 1.0) -> AgentExit:
-    """Run `command` in `mode` (see the module docstring)."""
+    """Run `command` in `mode` (see the module docstring): in the isolating modes inside
+    `view`; without isolation (`none`) the view is not mounted, and `trusted` are the caller's
+    own descendants, which are not the agent's."""
     if mode == "none":
         return _run_plain(command, env=env, stdout=stdout, stderr=stderr, timeout_s=timeout_s,
                           trusted=trusted, grace_s=grace_s)
-    assert view is not None
     return _run_isolated(mode, command, env=env, view=view, work_dir=work_dir, stdout=stdout,
                          stderr=stderr, timeout_s=timeout_s, grace_s=grace_s)
 
@@ -146,7 +148,7 @@ def _run_isolated(mode: SandboxMode, command: Command, *, env: dict[str, str], v
                   work_dir: Path, stdout: Path, stderr: Path, timeout_s: float,
                   grace_s: float) -> AgentExit:
     started = time.monotonic()
-    view = View(**{**view.__dict__, "cwd": str(command.cwd or view.cwd)})
+    view = dataclasses.replace(view, cwd=str(command.cwd or view.cwd))
     info_r, info_w = os.pipe()
     status_r, status_w = os.pipe()
     nsinit = [sys.executable, "-m", "openforge.sandbox.nsinit"]

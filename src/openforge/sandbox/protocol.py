@@ -10,21 +10,11 @@ writes it:
   non-empty line, only with a valid signature when it holds a key, and only when the result
   names the spec's rollout, task, attempt and session (`check_result`). Anything else is
   the supervisor dying: an infrastructure failure, never a pass.
-- **The environment.** Only the variables named here cross into a rollout (`scrub_env`):
-  an allowlist of exact names, never a prefix, so nothing credential-like rides along under
-  an innocent prefix (`LC_GITHUB_PAT`, `OPENFORGE_API_KEY`). Names openforge itself defines:
-
-  | variable | who reads it | what it holds |
-  |---|---|---|
-  | `OPENFORGE_SANDBOX` | supervisor | the sandbox mode for the agent: auto, bwrap, namespaces, none |
-  | `OPENFORGE_SANDBOX_ID` | process sweeps | a marker in every agent process's environment (a hint only: an agent can drop it) |
-  | `OPENFORGE_SPEC_FILE` | a Pod's supervisor | the `RolloutSpec` JSON, mounted from the attempt's Secret (a Pod cannot read the orchestrator's disk) |
-  | `OPENFORGE_WORKSPACE_DIR`, `OPENFORGE_AGENT_DIR` | a Pod's supervisor and agent containers | the workspace volume; the agent's volume (its HOME, the harness command, its output) |
-  | `OPENFORGE_TRUSTED_DIR` | a Pod's supervisor and verifier | the volume only the trusted containers mount (the supervisor's socket) |
-  | `OPENFORGE_TERMINATION_LOG` | a Pod's verifier | where the kubelet reads the verifier's termination message (the result) |
-  | `OPENFORGE_ADMIN_KEY` | `openforge serve` | the gateway's admin key (never on argv) |
-  | `OPENFORGE_GATEWAY_WORKER_SPEC` | a gateway worker process | its config and admin key, from the parent gateway (never on argv) |
-  | `OPENFORGE_CACHE`, `OPENFORGE_NODE_BIN`, `OPENFORGE_CHROMIUM`, `OPENFORGE_DEBUG` | plugins | where programs are (passed through) |
+- **The environment.** Only the variables named in `PASS_ENV` cross into a rollout
+  (`scrub_env`): an allowlist of exact names, never a prefix, so nothing credential-like
+  rides along under an innocent prefix (`LC_GITHUB_PAT`, `OPENFORGE_API_KEY`). The
+  variables the executors, the supervisor and the gateway speak through are named below,
+  once, each with who reads it.
 """
 
 from __future__ import annotations
@@ -43,16 +33,28 @@ if TYPE_CHECKING:
 
 RESULT_PREFIX = "OPENFORGE_RESULT "
 
+# The supervisor: the sandbox mode for the agent (auto, bwrap, namespaces, none).
 SANDBOX_ENV = "OPENFORGE_SANDBOX"
+# Process sweeps: a marker in every agent process's environment (a hint only: an agent can
+# drop it).
 MARKER_ENV = "OPENFORGE_SANDBOX_ID"
+# `openforge serve`: the gateway's admin key (never on argv).
 ADMIN_KEY_ENV = "OPENFORGE_ADMIN_KEY"
 # A Kubernetes Pod's containers (openforge.executors.k8s_sandbox): where each finds its volumes.
+# The supervisor's: the `RolloutSpec` JSON, mounted from the attempt's Secret (a Pod cannot
+# read the orchestrator's disk).
 SPEC_FILE_ENV = "OPENFORGE_SPEC_FILE"
+# The supervisor's and the agent's: the workspace volume; the agent's volume (its HOME, the
+# harness command, its output).
 WORKSPACE_ENV = "OPENFORGE_WORKSPACE_DIR"
 AGENT_DIR_ENV = "OPENFORGE_AGENT_DIR"
+# The supervisor's and the verifier's: the volume only the trusted containers mount (the
+# supervisor's socket).
 TRUSTED_DIR_ENV = "OPENFORGE_TRUSTED_DIR"
+# The verifier's: where the kubelet reads its termination message (the result).
 TERMINATION_LOG_ENV = "OPENFORGE_TERMINATION_LOG"
-# A gateway worker process (openforge.gateway.workers): its config, from the parent.
+# A gateway worker process (openforge.gateway.workers): its config and admin key, from the
+# parent gateway (never on argv).
 GATEWAY_WORKER_SPEC_ENV = "OPENFORGE_GATEWAY_WORKER_SPEC"
 
 # Exact names that reach a rollout; nothing else does.
@@ -62,6 +64,8 @@ PASS_ENV: frozenset[str] = frozenset({
     "SSL_CERT_FILE", "SSL_CERT_DIR",
     "LC_ALL", "LC_CTYPE", "LC_COLLATE", "LC_MESSAGES", "LC_NUMERIC", "LC_TIME", "LC_MONETARY",
     "LC_PAPER", "LC_NAME", "LC_ADDRESS", "LC_TELEPHONE", "LC_MEASUREMENT", "LC_IDENTIFICATION",
+    # Plugins' own (passed through): where programs are (openforge.npm, openforge-gui's
+    # browser), and debugging output.
     SANDBOX_ENV, "OPENFORGE_CACHE", "OPENFORGE_NODE_BIN", "OPENFORGE_CHROMIUM", "OPENFORGE_DEBUG",
 })
 # A name like this is a credential: refused even when a user asks to pass it.

@@ -81,9 +81,8 @@ def run(argv: Sequence[str], cwd: Path | str, timeout_s: float = 60.0,
     work = sandbox.work_dir / f"verifier-{n}"
     work.mkdir(exist_ok=True)
     exit_ = run_agent(sandbox.mode, Command(argv=list(argv), cwd=Path(cwd), stdin=stdin),
-                      env=dict(sandbox.env), view=sandbox.view if sandbox.mode != "none" else None,
-                      work_dir=work, stdout=out, stderr=err, timeout_s=timeout_s,
-                      trusted=own_descendants())
+                      env=dict(sandbox.env), view=sandbox.view, work_dir=work, stdout=out,
+                      stderr=err, timeout_s=timeout_s, trusted=own_descendants())
     sandbox.removed += scrub(sandbox.agent_dir, sandbox.view.sources(), sandbox.view.masks)
     if exit_.setup_error:
         return ProcessOutput(returncode=127, stderr=exit_.setup_error,
