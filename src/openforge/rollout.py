@@ -78,10 +78,11 @@ from openforge.harness import (
     ProcessOutput,
 )
 from openforge.reward import Reward
-from openforge.sandbox import tamper, verifier
+from openforge.sandbox import ports, tamper, verifier
 from openforge.sandbox.agent import AgentExit, run_agent
-from openforge.sandbox.modes import SandboxMode, SandboxUnavailable, resolve
+from openforge.sandbox.modes import ISOLATING, SandboxMode, SandboxUnavailable, resolve
 from openforge.sandbox.protocol import MARKER_ENV, SANDBOX_ENV, result_line, scrub_env
+from openforge.sandbox.relay import Relay
 from openforge.sandbox.scrub import scrub
 from openforge.sandbox.view import View, build_view
 from openforge.types import Call, RewardResult, RolloutResult, RolloutSpec, RolloutStatus
@@ -203,6 +204,7 @@ class Supervisor:
                                 "attempt": spec.attempt, "session_id": spec.session_id,
                                 "sandbox": self.sandbox}
         self._environment: Environment | None = None
+        self._relay: Relay | None = None
         try:
             fields = self._attempt(started)
             return RolloutResult(**base, duration_s=time.monotonic() - started, **fields)
@@ -213,6 +215,8 @@ class Supervisor:
             return RolloutResult(**base, status="infra_error", error=f"terminated while {self.stage}",
                                  duration_s=time.monotonic() - started)
         finally:
+            if self._relay is not None:
+                self._relay.close()
             if self._environment is not None:
                 try:
                     self._environment.close()
@@ -303,6 +307,8 @@ class Supervisor:
         out_path, err_path = self.root / "harness.stdout", self.root / "harness.stderr"
         command = command.model_copy(update={"cwd": command.cwd or workspace})
         timeout_s = deadline - time.monotonic() - reserve
+        if self.mode in ISOLATING:
+            self._relay = self._open_relay()
         launch = self.launch or self.launch_here(view)
         try:
             exit_ = launch(command, env, out_path, err_path, timeout_s)
@@ -338,7 +344,8 @@ class Supervisor:
         # Scoring code that runs what the agent wrote runs it in a fresh sandbox of this
         # attempt (openforge.sandbox.verifier), without the session token.
         with verifier.active(self.mode, view, dirs["AGENT"], self.root,
-                             agent_env(dirs, {}, marker, self.pass_env)) as checks:
+                             agent_env(dirs, {}, marker, self.pass_env),
+                             relay=self._relay) as checks:
             final_state = dict(self._call("environment",
                                           "capturing the final state (final_state)",
                                           environment.final_state, spec.task, workspace))
@@ -364,13 +371,23 @@ class Supervisor:
             return violation
         return {**fields, "status": status, "reward": verdict, "error": output.error}
 
+    def _open_relay(self) -> Relay:
+        """The ports a sandbox of this attempt may reach (the gateway and this supervisor's
+        own services, started by `prepare`), carried into its network namespace."""
+        host, _ = ports.gateway(self.spec.session_url)
+        if self.launch is None and not ports.loopback(host):
+            raise _Stop("infra_error", f"starting the harness failed: the gateway's host {host!r} "
+                        "is not a loopback address, and an isolated sandbox reaches only "
+                        "127.0.0.1: serve the gateway on 127.0.0.1 or use sandbox=none")
+        return Relay(ports.allowed(self.spec.session_url))
+
     def launch_here(self, view: View) -> Launch:
         """The launcher into a sandbox of this supervisor's mode, on this machine, in `view`."""
 
         def launch(command: Command, env: dict[str, str], stdout: Path, stderr: Path,
                    timeout_s: float) -> AgentExit:
             return run_agent(self.mode, command, env=env, view=view, work_dir=self.root,
-                             stdout=stdout, stderr=stderr, timeout_s=timeout_s,
+                             stdout=stdout, stderr=stderr, timeout_s=timeout_s, relay=self._relay,
                              # The supervisor's own children so far (services the
                              # environment started) are not the agent's.
                              trusted=own_descendants())

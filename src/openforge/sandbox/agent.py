@@ -39,7 +39,8 @@ from openforge.executors.process import (
 from openforge.harness import Command
 from openforge.sandbox.bwrap import bwrap_argv
 from openforge.sandbox.modes import SandboxMode, bwrap_path
-from openforge.sandbox.view import View
+from openforge.sandbox.relay import IN_SANDBOX, Relay
+from openforge.sandbox.view import Bind, View
 
 _INFO_TIMEOUT_S = 60.0  # building a sandbox takes milliseconds; this only guards a hang
 _GONE_TIMEOUT_S = 10.0  # for the kernel to finish killing a namespace's processes
@@ -98,15 +99,18 @@ def _read_info(fd: int, until_eof: bool) -> dict[str, Any]:
 
 def run_agent(mode: SandboxMode, command: Command, *, env: dict[str, str], view: View,
               work_dir: Path, stdout: Path, stderr: Path, timeout_s: float,
-              trusted: set[Identity], grace_s: float = 1.0) -> AgentExit:
+              trusted: set[Identity], grace_s: float = 1.0,
+              relay: Relay | None = None) -> AgentExit:
     """Run `command` in `mode` (see the module docstring): in the isolating modes inside
-    `view`; without isolation (`none`) the view is not mounted, and `trusted` are the caller's
-    own descendants, which are not the agent's."""
+    `view`, in a network namespace of its own that reaches only `relay`'s ports on
+    127.0.0.1 (none without one); without isolation (`none`) the view is not mounted, the
+    network is the host's, and `trusted` are the caller's own descendants, which are not the
+    agent's."""
     if mode == "none":
         return _run_plain(command, env=env, stdout=stdout, stderr=stderr, timeout_s=timeout_s,
                           trusted=trusted, grace_s=grace_s)
     return _run_isolated(mode, command, env=env, view=view, work_dir=work_dir, stdout=stdout,
-                         stderr=stderr, timeout_s=timeout_s, grace_s=grace_s)
+                         stderr=stderr, timeout_s=timeout_s, grace_s=grace_s, relay=relay)
 
 
 def _run_plain(command: Command, *, env: dict[str, str], stdout: Path, stderr: Path,
@@ -146,9 +150,15 @@ def _run_plain(command: Command, *, env: dict[str, str], stdout: Path, stderr: P
 
 def _run_isolated(mode: SandboxMode, command: Command, *, env: dict[str, str], view: View,
                   work_dir: Path, stdout: Path, stderr: Path, timeout_s: float,
-                  grace_s: float) -> AgentExit:
+                  grace_s: float, relay: Relay | None) -> AgentExit:
     started = time.monotonic()
     view = dataclasses.replace(view, cwd=str(command.cwd or view.cwd))
+    relayed: list[str] = []
+    if relay is not None and relay.ports:
+        # The relay's unix sockets, read-only: PID 1 passes the harness's connections to them.
+        view = dataclasses.replace(view, binds=[*view.binds, Bind(str(relay.directory),
+                                                                  IN_SANDBOX)])
+        relayed = ["--relay", IN_SANDBOX, ",".join(map(str, relay.ports))]
     info_r, info_w = os.pipe()
     status_r, status_w = os.pipe()
     nsinit = [sys.executable, "-m", "openforge.sandbox.nsinit"]
@@ -156,13 +166,15 @@ def _run_isolated(mode: SandboxMode, command: Command, *, env: dict[str, str], v
         bwrap = bwrap_path()
         if bwrap is None:
             return AgentExit(None, False, 0.0, setup_error="bubblewrap is no longer installed")
-        argv = bwrap_argv(bwrap, view, [*nsinit, "--reap", str(status_w), "--", *command.argv],
-                          info_w)
+        argv = bwrap_argv(bwrap, view, [*nsinit, "--reap", str(status_w), *relayed, "--",
+                                        *command.argv], info_w)
     else:
         plan = work_dir / "nsinit.json"
         base = work_dir / "nsroot"
         base.mkdir(exist_ok=True)
-        plan.write_text(json.dumps({"view": view.to_json(), "base": str(base)}))
+        plan.write_text(json.dumps({
+            "view": view.to_json(), "base": str(base),
+            "relay": {"dir": IN_SANDBOX, "ports": relay.ports} if relayed and relay else None}))
         argv = [*nsinit, str(plan), str(info_w), str(status_w), "--", *command.argv]
     try:
         with open(stdout, "wb") as out, open(stderr, "wb") as err:

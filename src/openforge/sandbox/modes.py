@@ -33,7 +33,7 @@ def bwrap_path() -> str | None:
 def bwrap_works(bwrap: str) -> bool:
     """True when bubblewrap can build a sandbox here (inside a container it often cannot)."""
     try:
-        proc = subprocess.run([bwrap, "--unshare-all", "--share-net", "--die-with-parent",
+        proc = subprocess.run([bwrap, "--unshare-all", "--die-with-parent",
                                "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc", "/proc",
                                "--dev", "/dev", "true"],
                               capture_output=True, timeout=30, stdin=subprocess.DEVNULL)

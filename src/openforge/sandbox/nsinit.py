@@ -30,16 +30,21 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import fcntl
 import json
 import os
 import platform
 import signal
 import socket
+import struct
 import sys
+import threading
 from typing import Any
 
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS = 0x00020000, 0x02000000, 0x04000000
 CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID = 0x08000000, 0x10000000, 0x20000000
+CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
 MS_REC, MS_PRIVATE, MS_RELATIME = 16384, 1 << 18, 1 << 21
@@ -210,6 +215,95 @@ def enter_root(view: dict[str, Any], base: str) -> None:
     _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
+def _loopback_up() -> None:
+    """Bring up `lo` of the new network namespace (it starts down: not even 127.0.0.1)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+Relay = tuple[str, list[int]]  # (the relay's directory as the sandbox sees it, its ports)
+
+
+def _listen(relay: Relay | None) -> list[tuple[socket.socket, str]]:
+    """Sockets listening on 127.0.0.1:PORT (and [::1]:PORT where the namespace has IPv6) for
+    each relayed port, each with the relay's unix socket it leads to. Bound before the harness
+    starts, so its first connection is queued, never refused."""
+    if relay is None:
+        return []
+    directory, ports = relay
+    listeners = []
+    for port in ports:
+        for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+            try:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+            except OSError:
+                continue  # no IPv6 here
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind((host, port))
+                sock.listen(64)
+            except OSError:
+                sock.close()
+                if family == socket.AF_INET:
+                    raise
+                continue
+            listeners.append((sock, f"{directory}/{port}.sock"))
+    return listeners
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while True:
+            data = source.recv(65536)
+            if not data:
+                break
+            sink.sendall(data)
+    except OSError:
+        pass
+    for sock, how in ((sink, socket.SHUT_WR), (source, socket.SHUT_RD)):
+        try:
+            sock.shutdown(how)
+        except OSError:
+            pass
+
+
+def _join(inside: socket.socket, path: str) -> None:
+    """One connection of the harness, joined to the relay's unix socket for its port."""
+    outside = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        outside.connect(path)
+    except OSError:
+        outside.close()
+        inside.close()
+        return
+    answer = threading.Thread(target=_pump, args=(outside, inside), daemon=True)
+    answer.start()
+    _pump(inside, outside)
+    answer.join()
+    inside.close()
+    outside.close()
+
+
+def _serve(listener: socket.socket, path: str) -> None:
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=_join, args=(conn, path), daemon=True).start()
+
+
+def forward(listeners: list[tuple[socket.socket, str]]) -> None:
+    """Serve `_listen`'s sockets in threads of PID 1 (started after the harness is forked: a
+    fork copies only the forking thread). They end with PID 1, and the namespace with them."""
+    for listener, path in listeners:
+        threading.Thread(target=_serve, args=(listener, path), daemon=True).start()
+
+
 def _report(fd: int, data: dict[str, Any]) -> None:
     try:
         os.write(fd, json.dumps(data).encode() + b"\n")
@@ -233,11 +327,17 @@ def _left_in_namespace() -> int:
     return left
 
 
-def reap(argv: list[str], cwd: str, status_fd: int) -> None:
-    """PID 1's job: run the harness, reap every orphan until the harness ends, report on
-    STATUS_FD how it ended and how many processes it left running, then exit: the kernel
-    kills whatever is left in the namespace. Does not return."""
+def reap(argv: list[str], cwd: str, status_fd: int, relay: Relay | None = None) -> None:
+    """PID 1's job: run the harness, carry its connections to the relayed ports (`forward`),
+    reap every orphan until the harness ends, report on STATUS_FD how it ended and how many
+    processes it left running, then exit: the kernel kills whatever is left in the
+    namespace. Does not return."""
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the agent cannot open /proc/1/fd
+    try:
+        listeners = _listen(relay)
+    except OSError as exc:
+        _report(status_fd, {"exec_error": f"cannot listen on a relayed port: {exc}"})
+        os._exit(0)
     # exec's outcome: the pipe closes on a successful exec, or carries why it failed.
     exec_r, exec_w = os.pipe2(os.O_CLOEXEC)
     harness = os.fork()
@@ -258,6 +358,7 @@ def reap(argv: list[str], cwd: str, status_fd: int) -> None:
         os.waitpid(harness, 0)
         _report(status_fd, {"exec_error": failed.decode(errors="replace")})
         os._exit(0)
+    forward(listeners)
     while True:
         try:
             pid, status = os.waitpid(-1, 0)
@@ -272,7 +373,7 @@ def reap(argv: list[str], cwd: str, status_fd: int) -> None:
 
 
 def _pid1(view: dict[str, Any], base: str, argv: list[str], info_fd: int, alive_r: int,
-          status_fd: int) -> None:
+          status_fd: int, relay: Relay | None) -> None:
     """PID 1 of the sandbox: build the root, then `reap`."""
     try:
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -290,18 +391,20 @@ def _pid1(view: dict[str, Any], base: str, argv: list[str], info_fd: int, alive_
         _report(info_fd, {"error": f"namespaces sandbox setup failed: {exc}"})
         os._exit(SETUP_FAILED)
     os.close(info_fd)
-    reap(argv, view["cwd"], status_fd)
+    reap(argv, view["cwd"], status_fd, relay)
 
 
-def run(view: dict[str, Any], base: str, argv: list[str], info_fd: int, status_fd: int) -> None:
+def run(view: dict[str, Any], base: str, argv: list[str], info_fd: int, status_fd: int,
+        relay: Relay | None = None) -> None:
     """The outer process (see the module docstring); does not return."""
     uid, gid = os.getuid(), os.getgid()
     try:
         _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC
-                             | CLONE_NEWUTS | CLONE_NEWCGROUP), "unshare")
+                             | CLONE_NEWUTS | CLONE_NEWCGROUP | CLONE_NEWNET), "unshare")
         _write("/proc/self/setgroups", "deny")
         _write("/proc/self/uid_map", f"0 {uid} 1")
         _write("/proc/self/gid_map", f"0 {gid} 1")
+        _loopback_up()
     except (SetupError, OSError) as exc:
         _report(info_fd, {"error": f"namespaces sandbox setup failed: {exc}"})
         os._exit(SETUP_FAILED)
@@ -309,7 +412,7 @@ def run(view: dict[str, Any], base: str, argv: list[str], info_fd: int, status_f
     child = os.fork()
     if child == 0:
         os.close(alive_w)
-        _pid1(view, base, argv, info_fd, alive_r, status_fd)
+        _pid1(view, base, argv, info_fd, alive_r, status_fd, relay)
     os.close(alive_r)
     os.close(status_fd)
     try:
@@ -363,8 +466,13 @@ def probe() -> int:
 
 
 USAGE = """usage: python -m openforge.sandbox.nsinit PLAN_JSON INFO_FD STATUS_FD -- ARGV...
-       python -m openforge.sandbox.nsinit --reap STATUS_FD -- ARGV...   (PID 1 in bubblewrap)
+       python -m openforge.sandbox.nsinit --reap STATUS_FD [--relay DIR PORT,...] -- ARGV...
+                                                                    (PID 1 in bubblewrap)
        python -m openforge.sandbox.nsinit --probe"""
+
+
+def _relay(directory: str, ports: list[Any]) -> Relay:
+    return directory, [int(p) for p in ports if str(p)]
 
 
 def main(args: list[str]) -> int:
@@ -372,12 +480,16 @@ def main(args: list[str]) -> int:
         return probe()
     if len(args) >= 4 and args[0] == "--reap" and args[2] == "--":
         reap(args[3:], os.getcwd(), int(args[1]))
+    if len(args) >= 7 and args[0] == "--reap" and args[2] == "--relay" and args[5] == "--":
+        reap(args[6:], os.getcwd(), int(args[1]), _relay(args[3], args[4].split(",")))
     if len(args) < 5 or args[3] != "--":
         print(USAGE, file=sys.stderr)
         return 2
     with open(args[0]) as f:
         plan = json.load(f)
-    run(plan["view"], plan["base"], args[4:], int(args[1]), int(args[2]))
+    relay = plan.get("relay")
+    run(plan["view"], plan["base"], args[4:], int(args[1]), int(args[2]),
+        _relay(relay["dir"], relay["ports"]) if relay else None)
     return SETUP_FAILED  # not reached
 
 

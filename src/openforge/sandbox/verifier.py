@@ -26,6 +26,7 @@ from pathlib import Path
 
 from openforge.harness import Command, ProcessOutput
 from openforge.sandbox.modes import SandboxMode
+from openforge.sandbox.relay import Relay
 from openforge.sandbox.view import View
 
 
@@ -38,6 +39,7 @@ class _Sandbox:
     agent_dir: Path
     work_dir: Path
     env: dict[str, str]
+    relay: Relay | None = None
     removed: list[str] = field(default_factory=list)
     counter: Iterator[int] = field(default_factory=itertools.count)
 
@@ -47,10 +49,11 @@ _current: _Sandbox | None = None
 
 @contextlib.contextmanager
 def active(mode: SandboxMode, view: View, agent_dir: Path, work_dir: Path,
-           env: dict[str, str]) -> Iterator[_Sandbox]:
-    """While scoring: `run` uses this attempt's sandbox (the supervisor's business)."""
+           env: dict[str, str], relay: Relay | None = None) -> Iterator[_Sandbox]:
+    """While scoring: `run` uses this attempt's sandbox (the supervisor's business), whose
+    network reaches `relay`'s ports, as the agent's did."""
     global _current
-    previous, _current = _current, _Sandbox(mode, view, agent_dir, work_dir, env)
+    previous, _current = _current, _Sandbox(mode, view, agent_dir, work_dir, env, relay)
     try:
         yield _current
     finally:
@@ -82,7 +85,8 @@ def run(argv: Sequence[str], cwd: Path | str, timeout_s: float = 60.0,
     work.mkdir(exist_ok=True)
     exit_ = run_agent(sandbox.mode, Command(argv=list(argv), cwd=Path(cwd), stdin=stdin),
                       env=dict(sandbox.env), view=sandbox.view, work_dir=work, stdout=out,
-                      stderr=err, timeout_s=timeout_s, trusted=own_descendants())
+                      stderr=err, timeout_s=timeout_s, trusted=own_descendants(),
+                      relay=sandbox.relay)
     sandbox.removed += scrub(sandbox.agent_dir, sandbox.view.sources(), sandbox.view.masks)
     if exit_.setup_error:
         return ProcessOutput(returncode=127, stderr=exit_.setup_error,
