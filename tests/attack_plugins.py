@@ -9,7 +9,8 @@ workspace. Like a checker that runs the agent's tests, the check also runs the w
 
 `solutions(know)` is the scripted policy: for each attack one shell command,
 `python -m attack_programs NAME KNOW`, where KNOW is what an attacker is assumed to know
-(the run's folders, the canary's path, the data folder, the victim's port).
+(the run's folders, the canary's path, the data folder, the victim's port, a neighbour's
+port, the meeting point).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from openforge.options import PluginOptions
 from openforge.sandbox import verifier
 from openforge.types import RewardResult, Task
 
-ATTACKS = ("forge", "kill", "orphans", "canary", "link", "trojan", "all")
+ATTACKS = ("forge", "kill", "orphans", "canary", "link", "trojan", "neighbour", "all")
 TAMPER_ATTACKS = ("tamper", "exploit")  # run in this order, one at a time
 SIBLING_ATTACKS = ("victim", "sibling")  # run side by side
 CANARY = "CANARY-7c1e0d5b-do-not-leak"

@@ -18,24 +18,32 @@ Kubernetes stand-in) over `AttackEnv`'s unsolvable tasks, one per attack (tests/
   shows), and leave a FIFO;
 - `trojan`: leave a script the checker runs while scoring, which reads the host and makes a
   model call with the agent's token;
+- `neighbour`: connect to a port the test process listens on (like a neighbour rollout's
+  mock services, whose state its grader reads, or any other loopback service of the host);
 - `all`: forge, orphans, canary and kill in one shell call (the issue's attack);
 - `tamper` then `exploit`, one at a time: rewrite the task data the reward reads (outside the
   workspace) to match a forged answer, then, in the next rollout, just give that answer;
 - `victim` + `sibling`, at concurrency 2: while the victim rollout waits, the sibling looks for
-  the victim's token and uses it for a model call and a forged result.
+  the victim's token and uses it for a model call and a forged result. They meet on the
+  victim's port when the sibling can reach it, else through the test's meeting point (a
+  unix socket in the task data that both sandboxes see).
 
 For every attack and mode: 0 passes, 0 rewards above 0 in the store and in the exports, 0
 processes left (none with the canary sleep durations, none adopted by the runner), and the
 attempt's status says what happened. In the isolating modes (bubblewrap, namespaces, the
 agent's own container in a Pod) the canary never reaches a recorded call or an export, and no attack finds
-another rollout's token. docs/sandboxing.md cites these tests.
+another rollout's token; locally (bubblewrap, namespaces) no attack reaches a port of the
+host's loopback other than the gateway's and its own services' (the Kubernetes stand-in runs
+containers in the host's network: a real Pod has its own). docs/sandboxing.md cites these tests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -70,6 +78,79 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+NEIGHBOUR_SAYS = b"neighbour-state"
+
+
+def _serve(server: socket.socket, handle: Callable[[socket.socket], None]) -> None:
+    """Accept on `server` until it is closed, `handle` each connection in a thread."""
+    def loop() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
+
+
+@contextlib.contextmanager
+def neighbour() -> Iterator[int]:
+    """A port on 127.0.0.1 that no rollout's supervisor owns (a neighbour's mock service)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+
+        def answer(conn: socket.socket) -> None:
+            with conn:
+                conn.sendall(NEIGHBOUR_SAYS)
+
+        _serve(server, answer)
+        yield int(server.getsockname()[1])
+        server.shutdown(socket.SHUT_RDWR)
+
+
+@contextlib.contextmanager
+def meeting(path: Path) -> Iterator[None]:
+    """Where the victim and the sibling meet when the sibling cannot reach the victim's port:
+    the victim registers and waits; the sibling is told `met` once the victim is there, and
+    what it sends next goes to the victim."""
+    lock, victim_here = threading.Lock(), threading.Condition()
+    victims: list[socket.socket] = []
+
+    def handle(conn: socket.socket) -> None:
+        role = conn.recv(16).strip()
+        if role == b"victim":
+            with victim_here:
+                victims.append(conn)
+                victim_here.notify_all()
+            return
+        with victim_here:
+            if not victim_here.wait_for(lambda: bool(victims), timeout=25):
+                conn.close()
+                return
+            waiting = victims[-1]
+        with lock:
+            conn.sendall(b"met")
+            conn.settimeout(60)
+            try:
+                waiting.sendall(conn.recv(64))
+            except OSError:
+                pass
+        conn.close()
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen(16)
+        _serve(server, handle)
+        try:
+            yield
+        finally:
+            server.shutdown(socket.SHUT_RDWR)
+            for conn in victims:
+                conn.close()
 
 
 @dataclass
@@ -124,21 +205,27 @@ def attack_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, attac
     monkeypatch.setenv("PYTHONPATH", str(HERE))
     # What the attacker knows: where things are, and how the canary starts (not the canary
     # itself: the policy's own command must not carry it into the recorded calls).
+    stack = contextlib.ExitStack()
+    meet = data / "meet.sock"
+    if "victim" in attacks:
+        stack.enter_context(meeting(meet))
     know = {"roots": [str(runs), str(base)], "canary_prefix": CANARY[:12], "data": str(data),
             "hidden": str(hidden),
             "canary_paths": [str(home / "canary.txt")], "port": _free_port(),
+            "neighbour": stack.enter_context(neighbour()), "meet": str(meet),
             "sleeps": [int(s) for s in SLEEPS]}
     script = tmp_path / "attacks.yaml"
     script.write_text(yaml.safe_dump(solutions(know)))
     options = executor_options or {"sandbox": mode, "base_dir": str(base)}
     config = RunConfig(engine=EngineConfig(name="scripted", options={"script": str(script)}),
-                       harness="mini", harness_options={"max_steps": 5},
+                       harness="mini", harness_options={"max_steps": 5, "max_tokens": 1024},
                        environment="attack_plugins:AttackEnv",
                        environment_options={"attacks": list(attacks), "data": str(data)},
                        reward="checker", executor=executor, executor_options=options,
                        runs_dir=runs, concurrency=concurrency, k=1, max_infra_retries=1,
                        timeout_s=180)
-    summary = run_from_config(config)
+    with stack:
+        summary = run_from_config(config)
     run = AttackRun(mode, summary.run_dir, data,
                     {r.task_id: r for r in read_results(summary.run_dir)})
     with Store(summary.run_dir / "store.sqlite") as store:
@@ -328,6 +415,15 @@ def test_attacks_never_score_and_leave_nothing(attack: Callable[..., AttackRun],
                 if "from-the-checker" in json.dumps(c.request)]
     if run.isolating:
         assert "READ canary: not there" in trojan and "READ hidden: False" in trojan
+    # neighbour: a port on the host's loopback that is not the rollout's own is out of reach
+    # in the local isolating modes (their own network namespace); the same user on the
+    # host's network reaches it. (The Kubernetes stand-in's containers share the host's
+    # network; a real Pod has its own.)
+    if executor == "local":
+        reached = f"NEIGHBOUR said {NEIGHBOUR_SAYS!r}" in run.said("neighbour")
+        assert reached == (not run.isolating), run.said("neighbour")
+        if run.isolating:
+            assert "NEIGHBOUR ConnectionRefusedError" in run.said("neighbour")
     # canary and tokens: in the isolating modes nothing of the host or of other rollouts.
     if run.isolating:
         for task in ATTACKS:
@@ -369,6 +465,8 @@ def test_a_sibling_cannot_use_its_neighbours_token(attack: Callable[..., AttackR
     hijacked = [c for c in run.calls["victim"] if "hijacked" in json.dumps(c.request)]
     if run.isolating:
         assert stolen == set() and hijacked == []
+        if executor == "local":  # nor could it reach the victim's port: they met outside
+            assert "sibling: the victim's port: ConnectionRefusedError" in run.said("sibling")
     else:
         # Without isolation the same user reads the victim's environment: the token works
         # for model calls (its trajectory gets a stranger's call), never for a result.

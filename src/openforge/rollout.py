@@ -374,11 +374,14 @@ class Supervisor:
     def _open_relay(self) -> Relay:
         """The ports a sandbox of this attempt may reach (the gateway and this supervisor's
         own services, started by `prepare`), carried into its network namespace."""
-        host, _ = ports.gateway(self.spec.session_url)
+        host, port = ports.gateway(self.spec.session_url)
         if self.launch is None and not ports.loopback(host):
             raise _Stop("infra_error", f"starting the harness failed: the gateway's host {host!r} "
                         "is not a loopback address, and an isolated sandbox reaches only "
                         "127.0.0.1: serve the gateway on 127.0.0.1 or use sandbox=none")
+        if port < ports.UNPRIVILEGED:
+            print(f"openforge.rollout: the gateway's port {port} is below "
+                  f"{ports.UNPRIVILEGED}: the sandbox cannot reach it", file=sys.stderr)
         return Relay(ports.allowed(self.spec.session_url))
 
     def launch_here(self, view: View) -> Launch:

@@ -11,6 +11,9 @@ port, which `openforge.sandbox.relay` carries into the sandbox:
   listening sockets in /proc/net/tcp{,6} with the socket descriptors those processes hold.
   Services may be threads of the supervisor or child processes (e.g. a mock server started by
   the environment), so both count; a socket the supervisor did not open is never listed.
+
+Only unprivileged ports (1024 and up) are carried: inside, the sandbox's PID 1 has no
+capability left to listen on a lower one (`UNPRIVILEGED`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from urllib.parse import urlsplit
 import psutil
 
 _LISTEN = "0A"  # TCP state LISTEN in /proc/net/tcp
+UNPRIVILEGED = 1024  # the lowest port a process without CAP_NET_BIND_SERVICE may listen on
 
 
 def _address(hex_ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
@@ -118,4 +122,4 @@ def allowed(session_url: str, pid: int | None = None) -> dict[int, tuple[str, in
     ports = {port: (host, port) for port, host in own_services(pid).items()}
     host, port = gateway(session_url)
     ports[port] = (host, port)
-    return ports
+    return {port: target for port, target in ports.items() if port >= UNPRIVILEGED}

@@ -23,6 +23,7 @@ from types import TracebackType
 
 _CHUNK = 65536
 IN_SANDBOX = "/run/openforge-relay"  # where the sandbox sees the directory (read-only)
+THREAD_NAME = "openforge-relay"
 
 
 def socket_name(port: int) -> str:
@@ -54,7 +55,8 @@ class Relay:
             raise
 
     def _start(self, target: object, *args: object) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
+        thread = threading.Thread(target=target, args=args, daemon=True,  # type: ignore[arg-type]
+                                  name=THREAD_NAME)
         with self._lock:
             self._threads = [t for t in self._threads if t.is_alive()]
             self._threads.append(thread)
@@ -88,7 +90,8 @@ class Relay:
             outside.close()
             self._forget(inside)
             return
-        answer = threading.Thread(target=_pump, args=(outside, inside), daemon=True)
+        answer = threading.Thread(target=_pump, args=(outside, inside), daemon=True,
+                                  name=THREAD_NAME)
         answer.start()
         _pump(inside, outside)
         answer.join()
