@@ -5,7 +5,9 @@
 - `modes`     which isolation this machine offers (`auto` -> bwrap, namespaces or none);
 - `view`      the allowlisted file-system view an isolating mode builds for the agent;
 - `bwrap`     that view as a bubblewrap command line;
-- `nsinit`    the same view built with user, mount and PID namespaces (no bubblewrap);
+- `nsinit`    the same view built with user, mount, PID and network namespaces (no bubblewrap);
+- `ports`     the loopback ports an isolated agent may reach (the gateway's, its own services');
+- `relay`     the trusted side carrying those ports into the sandbox's network namespace;
 - `agent`     run the harness command in a mode, end every process of it, prove none is left;
 - `scrub`     remove what the agent left that the trusted side must not follow or open;
 - `tamper`    digest of the task data the reward reads, checked before scoring;

@@ -1,25 +1,30 @@
-"""The `namespaces` sandbox: bubblewrap's isolation built from user, mount and PID namespaces.
+"""The `namespaces` sandbox: bubblewrap's isolation built from user, mount, PID and network
+namespaces.
 
     python -m openforge.sandbox.nsinit PLAN_JSON INFO_FD STATUS_FD -- ARGV...
-    python -m openforge.sandbox.nsinit --reap STATUS_FD -- ARGV...
+    python -m openforge.sandbox.nsinit --reap STATUS_FD [--relay DIR PORT,...] -- ARGV...
     python -m openforge.sandbox.nsinit --probe
 
 For machines without bubblewrap whose kernel lets an unprivileged user create namespaces.
 Three processes:
 
-- the **outer** process (this program as started) unshares a user, mount, PID, IPC, UTS and
-  cgroup namespace, maps its own uid and gid to 0 inside, forks the sandbox's PID 1, reports
+- the **outer** process (this program as started) unshares a user, mount, PID, IPC, UTS,
+  cgroup and network namespace, maps its own uid and gid to 0 inside, brings up `lo` (the
+  only interface: no host port is reachable), forks the sandbox's PID 1, reports
   that child's pid and PID namespace on INFO_FD as `{"child-pid": N, "pid-namespace": I}`
   and waits for it;
 - **PID 1** of the new PID namespace builds the `View` on an empty tmpfs (read-only binds
   remounted read-only one mount at a time, `/proc` of the new namespace, a minimal `/dev`),
   pivots into it and detaches the host's root, drops every capability (bounding set too) and
   sets no_new_privs, then `reap`s: makes itself non-dumpable (the agent cannot open its
-  `/proc/1/fd`), forks the harness and reaps until the harness ends, reports on STATUS_FD
-  `{"exit": CODE, "left": N}` (the harness's exit code, negative for a signal, and how many
+  `/proc/1/fd`), listens on 127.0.0.1 (and ::1) for each relayed port, forks the harness,
+  passes each connection to a relayed port on to the trusted relay's unix socket
+  (`openforge.sandbox.relay`, a directory mapped read-only), reaps until the harness ends,
+  reports on STATUS_FD `{"exit": CODE, "left": N}` (the harness's exit code, negative for a signal, and how many
   processes it left running), then exits, and the kernel kills every process left in the
   namespace: nothing outlives the harness, whatever it did (setsid, double fork, dropping
-  every marker). In bubblewrap the same `reap` runs as PID 1 (`--reap`, `--as-pid-1`);
+  every marker). In bubblewrap the same `reap` runs as PID 1 (`--reap`, `--as-pid-1`;
+  bubblewrap has unshared the network and brought up `lo` itself);
 - the **harness** (PID 2), exec'd with the environment this program was given.
 
 A setup failure is reported on INFO_FD as `{"error": "..."}` and ends with exit code 125.
