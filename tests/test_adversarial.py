@@ -63,6 +63,7 @@ from attack_plugins import (
     solutions,
 )
 from sandbox_modes import ALL_MODES
+from socket_servers import serve
 
 from openforge.config import EngineConfig, RunConfig
 from openforge.export import export_run
@@ -83,19 +84,6 @@ def _free_port() -> int:
 NEIGHBOUR_SAYS = b"neighbour-state"
 
 
-def _serve(server: socket.socket, handle: Callable[[socket.socket], None]) -> None:
-    """Accept on `server` until it is closed, `handle` each connection in a thread."""
-    def loop() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=loop, daemon=True).start()
-
-
 @contextlib.contextmanager
 def neighbour() -> Iterator[int]:
     """A port on 127.0.0.1 that no rollout's supervisor owns (a neighbour's mock service)."""
@@ -107,7 +95,7 @@ def neighbour() -> Iterator[int]:
             with conn:
                 conn.sendall(NEIGHBOUR_SAYS)
 
-        _serve(server, answer)
+        serve(server, answer)
         yield int(server.getsockname()[1])
         server.shutdown(socket.SHUT_RDWR)
 
@@ -144,7 +132,7 @@ def meeting(path: Path) -> Iterator[None]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
         server.bind(str(path))
         server.listen(16)
-        _serve(server, handle)
+        serve(server, handle)
         try:
             yield
         finally:

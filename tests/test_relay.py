@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from sandbox_modes import ISOLATING_MODES
+from socket_servers import serve
 
 from openforge.harness import Command
 from openforge.sandbox import ports
@@ -45,15 +46,7 @@ def _serve(server: socket.socket, reply: bytes | None = None) -> None:
             while data := conn.recv(65536):
                 conn.sendall(data)
 
-    def loop() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=loop, daemon=True).start()
+    serve(server, handle)
 
 
 @pytest.fixture
