@@ -21,7 +21,7 @@ from openforge.errors import OpenforgeError
 from openforge.metrics import MetricsSummary, summarize
 from openforge.report.behaviours import analyse, behaviours_html
 from openforge.report.filmstrip import load_filmstrips
-from openforge.types import Call
+from openforge.types import INFRA_STATUSES, Call
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -324,7 +324,7 @@ def _status_html(attempt: dict[str, Any]) -> str:
     status = attempt["status"]
     if status == "plugin_error":
         return "<span class='plugin'>plugin error</span>"
-    if status in ("infra_error", "timeout", "violation"):
+    if status in INFRA_STATUSES or status == "violation":
         return f"<span class='infra'>{html.escape(status)}</span>"
     cls = "ok" if attempt["passed"] else "fail"
     return f"<span class='{cls}'>{'passed' if attempt['passed'] else 'failed'}</span>"
