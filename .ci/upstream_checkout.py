@@ -32,7 +32,7 @@ def main(git_dir: str, dest: str) -> None:
     batch.stdin.write(b"".join(f"{obj}\n".encode() for obj, _, _ in entries))
     batch.stdin.close()
     missing = 0
-    for obj, path, executable in entries:
+    for _obj, path, executable in entries:
         header = batch.stdout.readline().split()
         if header[-1] == b"missing":
             missing += 1
