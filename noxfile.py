@@ -27,7 +27,7 @@ def tests(session: nox.Session) -> None:
     # The openclaw plugin's dependency: its tests read OpenClaw's zstd-compressed session events.
     session.install("zstandard")
     # tests/e2e runs the real harness programs (minutes each): `nox -s e2e`.
-    session.run("python", "-m", "pytest", "-q", "--ignore=tests/e2e", *session.posargs)
+    session.run("python", "-m", "pytest", "-q", "-rs", "--ignore=tests/e2e", *session.posargs)
 
 
 @nox.session
@@ -43,18 +43,23 @@ def e2e(session: nox.Session) -> None:
                         ("openforge_claude_code.harness", "ClaudeCodeHarness"),
                         ("openforge_openclaw.harness", "OpenClawHarness")):
         session.run("python", "-c", f"from {module} import {cls}; print({cls}().install())")
-    session.run("python", "-m", "pytest", "-q", "tests/e2e", *session.posargs,
+    session.run("python", "-m", "pytest", "-q", "-rs", "tests/e2e", *session.posargs,
                 env={"OPENFORGE_E2E": "1"})
     # openforge-claw's tasks through the real OpenClaw (right and wrong scripted solutions),
     # and Claw-Eval tasks (fixture checkout) with their tools as MCP servers in OpenClaw,
     # Codex and Claude Code.
     session.install("./openforge_claw[claw-eval,test]")
-    session.run("python", "-m", "pytest", "-q", "openforge_claw/tests/test_openclaw_e2e.py",
+    session.run("python", "-m", "pytest", "-q", "-rs", "openforge_claw/tests/test_openclaw_e2e.py",
                 "openforge_claw/tests/test_claw_eval_e2e.py", *session.posargs,
                 env={"OPENFORGE_E2E": "1"})
     # QwenClawBench fixture tasks through the real OpenClaw: its own session events graded.
-    session.run("python", "-m", "pytest", "-q", "-m", "e2e",
+    session.run("python", "-m", "pytest", "-q", "-rs", "-m", "e2e",
                 "openforge_claw/tests/test_qwenclawbench.py", *session.posargs,
+                env={"OPENFORGE_E2E": "1"})
+    # The real QwenClawBench through the real OpenClaw, where OPENFORGE_QCB_PATH names a
+    # checkout (.ci/run sets it where this machine has one; the test says so when it skips).
+    session.run("python", "-m", "pytest", "-q", "-rs", "-k", "openclaw",
+                "openforge_claw/tests/test_qwenclawbench_real.py", *session.posargs,
                 env={"OPENFORGE_E2E": "1"})
 
 
@@ -86,7 +91,7 @@ def verl(session: nox.Session) -> None:
     session.install(TORCH)
     session.install(TORCH, "verl[verl-core]==0.9.1")
     session.install(TORCH, "-e", ".[test,verl]")
-    session.run("python", "-m", "pytest", "-q", "tests/test_training_verl.py",
+    session.run("python", "-m", "pytest", "-q", "-rs", "tests/test_training_verl.py",
                 "tests/test_export.py", "-k", "verl", *session.posargs)
 
 
@@ -109,10 +114,11 @@ def claw(session: nox.Session) -> None:
     Claw-Eval and QwenClawBench on fixture checkouts (services, MCP bridge, their own graders,
     the judge, `openforge run`). The real checkouts are the acceptance (docs/claw.md):
     QwenClawBench with OPENFORGE_QCB_PATH set (test_qwenclawbench_real.py), Claw-Eval with
-    OPENFORGE_CLAW_EVAL_PATH set (test_claw_eval_real.py)."""
+    OPENFORGE_CLAW_EVAL_PATH set (test_claw_eval_real.py); .ci/run sets both where this
+    machine has the fetched repositories."""
     install_openforge(session)
     session.install("./openforge_claw[claw-eval,judge,test]")
-    session.run("python", "-m", "pytest", "-q", "openforge_claw/tests", *session.posargs)
+    session.run("python", "-m", "pytest", "-q", "-rs", "openforge_claw/tests", *session.posargs)
 
 
 @nox.session
@@ -130,7 +136,7 @@ def gui_plugins(session: nox.Session) -> None:
     session.install("./openforge_gui", "./plugins/openforge-osworld", "./plugins/openforge-mind2web")
     # One pytest per plugin: each has its own conftest.py of stand-ins.
     for plugin in ("plugins/openforge-osworld", "plugins/openforge-mind2web"):
-        session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{plugin}/tests",
+        session.run("python", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"{plugin}/tests",
                     *session.posargs)
 
 
@@ -141,5 +147,5 @@ def gui(session: nox.Session) -> None:
     the web judge. Needs Debian's Chromium (apt-get install chromium-headless-shell)."""
     install_openforge(session)
     session.install("./openforge_gui[judge,test]")
-    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "openforge_gui/tests",
+    session.run("python", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "openforge_gui/tests",
                 *session.posargs)

@@ -73,3 +73,16 @@ def test_write_report_from_a_run_dir(tmp_path: Path) -> None:
     assert "1.00 calls per sample" in html
     assert "&lt;b&gt;make&lt;/b&gt;" in html and "<b>make</b>" not in html  # escaped
     assert "<svg" in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_a_violation_is_a_scored_failure_in_the_behaviours_section() -> None:
+    """A violation is scored (0, labelled), so the leaderboard count does not call it
+    unscored; infrastructure failures and plugin errors are, and are their own categories."""
+    from openforge.report.behaviours import analyse
+
+    attempts = [{"task_id": "t", "attempt": n, "status": status, "passed": False}
+                for n, status in enumerate(["violation", "timeout", "plugin_error", "ok"])]
+    b = analyse({"summary": {"k": 4}, "attempts": attempts}, {})
+    assert b["unscored_trials"] == 2
+    assert b["failure_categories"] == {"plugin_error": 1, "timeout": 1,
+                                       "wrong_final_state": 2}

@@ -27,7 +27,7 @@ SOLUTIONS = Path(__file__).resolve().parents[1] / "src/openforge_claw/solutions"
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.environ.get("OPENFORGE_E2E") == "1":
         return
-    skip = pytest.mark.skip(reason="real OpenClaw from npm: set OPENFORGE_E2E=1")
+    skip = pytest.mark.skip(reason="real OpenClaw from npm: set OPENFORGE_E2E=1 (nox -s e2e does)")
     for item in items:
         if "e2e" in item.keywords:
             item.add_marker(skip)

@@ -23,7 +23,7 @@ from openforge_claw.tasks import load_tasks
 ROOT = os.environ.get("OPENFORGE_CLAW_EVAL_PATH")
 pytestmark = pytest.mark.skipif(
     not ROOT, reason="set OPENFORGE_CLAW_EVAL_PATH to a Claw-Eval checkout (github:"
-                     "claw-eval/claw-eval); docs/claw.md has the commands")
+                     "claw-eval/claw-eval; .ci/run does where the machine has it); docs/claw.md has the commands")
 
 # docs/claw.md, "Measured on the real repository at 9365e1a".
 SKIPPED = {"fixture files not in the checkout": 83,

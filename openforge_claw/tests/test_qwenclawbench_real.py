@@ -21,7 +21,7 @@ from openforge_claw.tasks import load_tasks
 ROOT = os.environ.get("OPENFORGE_QCB_PATH")
 pytestmark = pytest.mark.skipif(
     not ROOT, reason="set OPENFORGE_QCB_PATH to a QwenClawBench checkout (github:"
-                     "SKYLENAGE-AI/QwenClawBench); docs/claw.md has the commands")
+                     "SKYLENAGE-AI/QwenClawBench; .ci/run does where the machine has it); docs/claw.md has the commands")
 DATASET = "data/qwenclawbench-v1.1-100"
 
 
@@ -77,7 +77,7 @@ def test_solutions_pass_the_benchmarks_graders_and_wrong_ones_fail(
 
     if harness == "openclaw":
         if os.environ.get("OPENFORGE_E2E") != "1":
-            pytest.skip("real OpenClaw from npm: set OPENFORGE_E2E=1")
+            pytest.skip("real OpenClaw from npm: set OPENFORGE_E2E=1 (nox -s e2e does)")
         pytest.importorskip("openforge_openclaw", reason="pip install ./plugins/openforge-openclaw")
     k = 2 if harness == "mini" else 1
     run_dir, right = _run(harness, SOLUTIONS / f"qwenclawbench_{harness}.yaml",

@@ -151,12 +151,7 @@ def run(config_path: Path | None, overrides: tuple[str, ...], resume: Path | Non
     config = load_run_config(config_path, overrides, dotted)
     # Every plugin's options checked now, before anything starts (each plugin checks them
     # again, the same way, when it is built).
-    for kind, name, options in (
-            ("harness", config.harness, config.harness_options),
-            ("environment", config.environment, config.environment_options),
-            ("reward", config.reward, config.reward_options),
-            ("executor", config.executor, config.executor_options),
-            ("engine", config.engine.name, config.engine.options)):
+    for kind, name, options in config.plugins():
         plugin_registry.check(kind, name, options)
 
     from openforge.runner import run_from_config

@@ -90,6 +90,14 @@ class RunConfig(_Strict):
     runs_dir: Path = Path("runs")
     run_id: str | None = None
 
+    def plugins(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(kind, name, options) of every plugin the run builds."""
+        return [("harness", self.harness, self.harness_options),
+                ("environment", self.environment, self.environment_options),
+                ("reward", self.reward, self.reward_options),
+                ("executor", self.executor, self.executor_options),
+                ("engine", self.engine.name, self.engine.options)]
+
 
 class TrainConfig(_Strict):
     """`openforge train`: the trainer backend and its knobs."""
@@ -198,12 +206,6 @@ def load_train_config(path: Path | None = None, overrides: list[str] | tuple[str
 
 # -- paths ---------------------------------------------------------------------------------
 
-_PLUGIN_SECTIONS = (("harness", "harness", "harness_options"),
-                    ("environment", "environment", "environment_options"),
-                    ("reward", "reward", "reward_options"),
-                    ("executor", "executor", "executor_options"))
-
-
 def _is_path_field(annotation: Any) -> bool:
     if annotation is Path:
         return True
@@ -233,9 +235,8 @@ def resolve_paths(config: RunConfig, base: Path) -> RunConfig:
     model = data["engine"]["model"]
     if not Path(model).expanduser().is_absolute() and (base / model).exists():
         data["engine"]["model"] = _absolute(model, base)
-    sections = [(kind, data[key], data[options]) for kind, key, options in _PLUGIN_SECTIONS]
-    sections.append(("engine", data["engine"]["name"], data["engine"]["options"]))
-    for kind, name, options in sections:
+    resolved = RunConfig.model_validate(data)
+    for kind, name, options in resolved.plugins():
         try:
             fields = plugins.options_model(kind, name).model_fields
         except OpenforgeError:
@@ -243,5 +244,5 @@ def resolve_paths(config: RunConfig, base: Path) -> RunConfig:
         for key, value in options.items():
             if key in fields and value is not None and _is_path_field(fields[key].annotation):
                 options[key] = _absolute(value, base)
-    return RunConfig.model_validate(data)
+    return resolved
 

@@ -407,21 +407,22 @@ def left_out_because(result: RolloutResult | None) -> str | None:
 
 
 def _training_sessions(store: Store, run_id: str | None, left_out: Counter[str]
-                       ) -> Iterator[tuple[Session | None, list[Call]]]:
-    """(session, calls) of every session with calls that is training data, streamed."""
+                       ) -> Iterator[tuple[Session | None, list[Call], RolloutResult | None]]:
+    """(session, calls, result) of every session with calls that is training data, streamed."""
     for session_id, calls in iter_session_calls(store, run_id):
-        why = left_out_because(store.get_result(session_id))
+        result = store.get_result(session_id)
+        why = left_out_because(result)
         if why is not None:
             left_out[why] += 1
             continue
-        yield store.get_session(session_id), calls
+        yield store.get_session(session_id), calls, result
 
 
 def training_metrics(store: Store, run_id: str | None = None) -> tuple[RunMetrics, dict[str, int]]:
     """What the samples export writes, counted without writing it: the trajectory metrics of
     the sessions it keeps, and how many it leaves out, why (the report shows both)."""
     metrics, left_out = RunMetrics(), Counter[str]()
-    for session, calls in _training_sessions(store, run_id, left_out):
+    for session, calls, _ in _training_sessions(store, run_id, left_out):
         reward = session_reward(store, session) if session else None
         metrics.add(build_samples(calls, session, reward).metrics)
     return metrics, dict(left_out)
@@ -430,7 +431,7 @@ def training_metrics(store: Store, run_id: str | None = None) -> tuple[RunMetric
 def _write_samples(store: Store, writer: _BatchWriter, run_id: str | None,
                    images: _ImageFiles, left_out: Counter[str]) -> RunMetrics:
     metrics = RunMetrics()
-    for session, calls in _training_sessions(store, run_id, left_out):
+    for session, calls, _ in _training_sessions(store, run_id, left_out):
         reward = session_reward(store, session) if session else None
         built = build_samples(calls, session, reward)
         metrics.add(built.metrics)
@@ -510,10 +511,9 @@ def _inline_image(store: Store, sha: str) -> dict[str, Any]:
 
 def _write_sft(store: Store, writer: _BatchWriter, run_id: str | None,
                image_files: _ImageFiles, left_out: Counter[str]) -> None:
-    for session, calls in _training_sessions(store, run_id, left_out):
+    for session, calls, result in _training_sessions(store, run_id, left_out):
         if session is None:
             continue
-        result = store.get_result(session.id)
         reward = session_reward(store, session)
         if not _passed(result, reward):
             left_out["did not pass (SFT rows come from passing rollouts only)"] += 1

@@ -53,7 +53,6 @@ class AttemptOutcome(StatusFlags, BaseModel):
     passed: bool = False
 
 
-
 class TaskRow(BaseModel):
     """Per-task aggregate: scored attempts, passes, infra failures, plugin errors, mean
     reward, pass@k."""

@@ -13,11 +13,11 @@ kept for both, marked as a clash: `openforge plugins` lists it, only using it is
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import importlib.metadata
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pkgutil import resolve_name
 from typing import Any
 
 import pluggy
@@ -88,10 +88,7 @@ class Registration:
     def options_model(self) -> type[BaseModel]:
         """The options model it declares (imports a lazily registered plugin's module)."""
         target = getattr(self.factory, "lazy_target", None)
-        if target is not None:
-            module_name, attr = target.split(":")
-            return options_model_of(getattr(importlib.import_module(module_name), attr))
-        return options_model_of(self.factory)
+        return options_model_of(self.factory if target is None else resolve_name(target))
 
 
 def _first_line(obj: Any) -> str:
@@ -208,12 +205,10 @@ def lookup(kind: str, name: str) -> Registration:
 def lazy(target: str) -> Callable[..., Any]:
     """A factory that imports `module:attr` on first call and builds it: register heavy
     plugins this way so that `openforge plugins` and unrelated runs never import them."""
-    module_name, attr = target.split(":")
-
     def factory(**options: Any) -> Any:
-        return getattr(importlib.import_module(module_name), attr)(**options)
+        return resolve_name(target)(**options)
 
-    factory.__qualname__ = factory.__name__ = attr
+    factory.__qualname__ = factory.__name__ = target.rsplit(":", 1)[-1]
     factory.lazy_target = target  # type: ignore[attr-defined]
     return factory
 
@@ -221,8 +216,7 @@ def lazy(target: str) -> Callable[..., Any]:
 def options_model(kind: str, name: str) -> type[BaseModel]:
     """The options model of plugin `name` of `kind` (a registered name, or `module:attr`)."""
     if ":" in name:
-        module_name, attr = name.split(":", 1)
-        return options_model_of(getattr(importlib.import_module(module_name), attr))
+        return options_model_of(resolve_name(name))
     return lookup(kind, name).options_model()
 
 

@@ -48,7 +48,6 @@ ZeroDivisionError: ... while scoring (score)".
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import shutil
 import signal
@@ -58,6 +57,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from pkgutil import resolve_name
 from typing import Any
 
 from openforge import plugins
@@ -119,8 +119,7 @@ class _Stop(Exception):
 def build_plugin(kind: str, name: str, options: dict[str, Any]) -> Any:
     """The plugin `name` of `kind`: a registered name, or `module:attr` imported directly."""
     if ":" in name:
-        module_name, attr = name.split(":", 1)
-        return getattr(importlib.import_module(module_name), attr)(**options)
+        return resolve_name(name)(**options)
     return plugins.create(kind, name, **options)
 
 

@@ -225,6 +225,7 @@ class Runner:
         self.records: list[AttemptRecord] = read_results(run_dir)
         self.attempts_run = 0
         self._results_file: Any = None
+        self._summarize_progress()
         self._environment: Any = None  # built in run(); the stack reads task data paths
         # The run's harness options plus what `Harness.install` resolved (binary paths).
         self._harness_options: dict[str, Any] = dict(config.harness_options)
@@ -251,6 +252,7 @@ class Runner:
 
     def _write_record(self, record: AttemptRecord) -> None:
         self.records.append(record)
+        self._summarize_progress()
         self._results_file.write(record.model_dump_json() + "\n")
         self._results_file.flush()
         os.fsync(self._results_file.fileno())
@@ -293,10 +295,14 @@ class Runner:
 
     # -- the loop --------------------------------------------------------------------------
 
+    def _summarize_progress(self) -> None:
+        """The progress line's figures, from the run's one `summarize`: once per finished
+        attempt, not on every refresh of the bar."""
+        self._progress = summarize([r.outcome() for r in self.records], self.config.k).progress()
+
     def _stats(self, executor: Executor | None = None) -> str:
-        line = summarize([r.outcome() for r in self.records], self.config.k).progress()
         waiting = executor.progress() if executor is not None else ""
-        return line + (f"  ({waiting})" if waiting else "")
+        return self._progress + (f"  ({waiting})" if waiting else "")
 
     async def run(self) -> RunSummary:
         from openforge.gateway.server import Gateway

@@ -30,11 +30,11 @@ default for tasks without one). Every harness works: the prompt is all a harness
 
 from __future__ import annotations
 
-import importlib
 import json
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from pkgutil import resolve_name
 from typing import Any
 
 import yaml
@@ -290,8 +290,7 @@ def check_files(check: Check, workspace: Path) -> RewardResult:
 def check_function(check: Check, task: Task, workspace: Path,
                    final_state: dict[str, Any]) -> RewardResult:
     assert check.function is not None
-    module_name, attr = check.function.split(":", 1)
-    function = getattr(importlib.import_module(module_name), attr)
+    function = resolve_name(check.function)
     verdict = function(task, workspace, final_state)
     details: dict[str, Any] = {"check": "function", "function": check.function}
     if isinstance(verdict, RewardResult):

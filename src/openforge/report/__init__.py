@@ -13,7 +13,7 @@ import json
 import time
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -21,7 +21,10 @@ from openforge.errors import OpenforgeError
 from openforge.metrics import MetricsSummary, summarize
 from openforge.report.behaviours import analyse, behaviours_html
 from openforge.report.filmstrip import load_filmstrips
-from openforge.types import Call
+from openforge.types import INFRA_STATUSES, Call
+
+if TYPE_CHECKING:
+    from openforge.store import Store
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -50,7 +53,20 @@ def build_report(run_dir: Path) -> dict[str, Any]:
 
 def _build(run_dir: Path) -> tuple[dict[str, Any], dict[str, list[Call]]]:
     """The report and the recorded calls it was built from (read once, for the HTML too)."""
+    from openforge.runner import STORE_FILE
+    from openforge.store import Store
+
     config, records = _load(run_dir)
+    store = Store(run_dir / STORE_FILE) if (run_dir / STORE_FILE).exists() else None
+    try:
+        return _build_from(run_dir, config, records, store)
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _build_from(run_dir: Path, config: dict[str, Any], records: list[Any],
+                store: Store | None) -> tuple[dict[str, Any], dict[str, list[Call]]]:
     k = int(config.get("k") or max([r.attempt + 1 for r in records], default=1))
     task_ids = list(dict.fromkeys(r.task_id for r in records))
     metrics = summarize([r.outcome() for r in records], k, task_ids)
@@ -76,30 +92,21 @@ def _build(run_dir: Path) -> tuple[dict[str, Any], dict[str, list[Call]]]:
              "reward_details": r.reward_details, "logs": r.logs, "sandbox": r.sandbox}
             for r in sorted(records, key=lambda r: (r.task_id, r.attempt))
         ],
-        "trajectories": _trajectory_metrics(run_dir),
+        "trajectories": _trajectory_metrics(store) if store is not None else None,
     }
-    calls = _load_calls(run_dir, [r.session_id for r in records])
+    calls = ({r.session_id: store.list_calls(r.session_id) for r in records if r.session_id}
+             if store is not None else {})
     report["behaviours"] = analyse(report, calls)
     return report, calls
 
 
-def _trajectory_metrics(run_dir: Path) -> dict[str, Any] | None:
+def _trajectory_metrics(store: Store) -> dict[str, Any]:
     """How the recorded calls merge into training samples (branches and why, exact tokens),
     counted the way `openforge export` writes them: over the sessions it keeps, with the
     ones it leaves out (infrastructure failures, plugin errors) counted apart."""
-    from openforge.runner import STORE_FILE
-
-    path = run_dir / STORE_FILE
-    if not path.exists():
-        return None
     from openforge.export import training_metrics
-    from openforge.store import Store
 
-    store = Store(path)
-    try:
-        metrics, left_out = training_metrics(store)
-    finally:
-        store.close()
+    metrics, left_out = training_metrics(store)
     return {**metrics.model_dump(mode="json"), "sessions_left_out": left_out}
 
 
@@ -111,26 +118,6 @@ def write_report(run_dir: Path) -> list[Path]:
     json_path.write_text(json.dumps(data, indent=1, default=str))
     html_path.write_text(render_html(data, calls, load_filmstrips(run_dir, data, calls)))
     return [json_path, html_path]
-
-
-def _load_calls(run_dir: Path, session_ids: list[str | None]) -> dict[str, list[Call]]:
-    """session id -> its recorded calls, for the attempts in the report."""
-    from openforge.runner import STORE_FILE
-
-    path = run_dir / STORE_FILE
-    if not path.exists():
-        return {}
-    from openforge.store import Store
-
-    calls: dict[str, list[Call]] = {}
-    store = Store(path)
-    try:
-        for sid in session_ids:
-            if sid:
-                calls[sid] = store.list_calls(sid)
-    finally:
-        store.close()
-    return calls
 
 
 # -- HTML ------------------------------------------------------------------------------------
@@ -324,7 +311,7 @@ def _status_html(attempt: dict[str, Any]) -> str:
     status = attempt["status"]
     if status == "plugin_error":
         return "<span class='plugin'>plugin error</span>"
-    if status in ("infra_error", "timeout", "violation"):
+    if status in INFRA_STATUSES or status == "violation":
         return f"<span class='infra'>{html.escape(status)}</span>"
     cls = "ok" if attempt["passed"] else "fail"
     return f"<span class='{cls}'>{'passed' if attempt['passed'] else 'failed'}</span>"

@@ -27,7 +27,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from openforge.types import Call
+from openforge.types import SCORED_STATUSES, Call
 
 _INSPECT = re.compile(r"^\s*(cat|ls|head|tail|grep|test|diff|wc|find|python3? \S+\.py\s*$)"
                       r"|curl -s(?!.*-X)|\bGET\b", re.IGNORECASE)
@@ -37,7 +37,7 @@ _TOOL_ERROR = re.compile(r"\berror\b|exit code [1-9]|traceback|\"status\": [45]\
 
 def failure_category(attempt: dict[str, Any]) -> str | None:
     status = attempt.get("status")
-    if status in ("timeout", "infra_error", "plugin_error"):
+    if status not in SCORED_STATUSES:  # timeout, infra_error, plugin_error
         return str(status)
     if attempt.get("passed"):
         return None
@@ -91,7 +91,7 @@ def analyse(data: dict[str, Any], calls: dict[str, list[Call]]) -> dict[str, Any
         per_task.append({"task_id": task_id, "trials": trials, "pass_hat_k": all(trials),
                          "pass_at_k": any(trials)})
     n = len(per_task) or 1
-    unscored = sum(1 for a in data["attempts"] if a["status"] not in ("ok", "harness_error"))
+    unscored = sum(1 for a in data["attempts"] if a["status"] not in SCORED_STATUSES)
 
     categories: Counter[str] = Counter()
     offered: set[str] = set()
