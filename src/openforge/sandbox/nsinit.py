@@ -260,7 +260,10 @@ def _listen(relay: Relay | None) -> list[tuple[socket.socket, str]]:
     return listeners
 
 
-def _pump(source: socket.socket, sink: socket.socket) -> None:
+def pump(source: socket.socket, sink: socket.socket) -> None:
+    """Copy `source` to `sink` until `source` ends (or either breaks); then half-close `sink`:
+    the other direction may still carry an answer. Both halves of a relayed connection use
+    it: here in the sandbox's PID 1, and `openforge.sandbox.relay` on the trusted side."""
     try:
         while True:
             data = source.recv(65536)
@@ -285,9 +288,9 @@ def _join(inside: socket.socket, path: str) -> None:
         outside.close()
         inside.close()
         return
-    answer = threading.Thread(target=_pump, args=(outside, inside), daemon=True)
+    answer = threading.Thread(target=pump, args=(outside, inside), daemon=True)
     answer.start()
-    _pump(inside, outside)
+    pump(inside, outside)
     answer.join()
     inside.close()
     outside.close()

@@ -21,7 +21,8 @@ import threading
 from pathlib import Path
 from types import TracebackType
 
-_CHUNK = 65536
+from openforge.sandbox.nsinit import pump
+
 IN_SANDBOX = "/run/openforge-relay"  # where the sandbox sees the directory (read-only)
 THREAD_NAME = "openforge-relay"
 
@@ -90,10 +91,10 @@ class Relay:
             outside.close()
             self._forget(inside)
             return
-        answer = threading.Thread(target=_pump, args=(outside, inside), daemon=True,
+        answer = threading.Thread(target=pump, args=(outside, inside), daemon=True,
                                   name=THREAD_NAME)
         answer.start()
-        _pump(inside, outside)
+        pump(inside, outside)
         answer.join()
         self._forget(inside)
         self._forget(outside)
@@ -137,23 +138,3 @@ class Relay:
                  tb: TracebackType | None) -> None:
         self.close()
 
-
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    """Copy `source` to `sink` until `source` ends (or either breaks); then half-close `sink`:
-    the other direction may still carry an answer."""
-    try:
-        while True:
-            data = source.recv(_CHUNK)
-            if not data:
-                break
-            sink.sendall(data)
-    except OSError:
-        pass
-    try:
-        sink.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-    try:
-        source.shutdown(socket.SHUT_RD)
-    except OSError:
-        pass
