@@ -1,4 +1,5 @@
-"""openforge x veRL 0.9.1 on CPU (the `verl` nox session; skipped where veRL does not import).
+"""openforge x veRL 0.9.1 on CPU (the `verl` nox session; skipped where veRL does not import,
+except where OPENFORGE_REQUIRE_VERL is set, as `nox -s verl` sets it: there a missing veRL fails).
 
 1. The local trainer's math equals veRL's `core_algos` on the same batch (to 1e-6).
 2. The agent loop end to end: a real gateway, the tiny model behind an
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,8 @@ try:
     from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker
     from verl.trainer.ppo import core_algos
 except Exception as exc:  # veRL (or one of its imports) is missing: this is the plain session
+    if os.environ.get("OPENFORGE_REQUIRE_VERL"):
+        raise  # the veRL session: a veRL that does not import is a failure, never a skip
     pytest.skip(f"verl is not importable ({type(exc).__name__}: {exc}); run `nox -s verl`",
                 allow_module_level=True)
 
