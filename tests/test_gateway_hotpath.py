@@ -20,6 +20,7 @@ from fixtures_model import SHELL_TOOL, chat, tiny_bundle  # noqa: F401  (pytest 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from openforge.gateway import json_process
 from openforge.gateway.branches import SessionTokens
 from openforge.gateway.conversation import ChatRequest, Message
 from openforge.gateway.dialects import DIALECTS, DialectError
@@ -208,6 +209,40 @@ def _mutations(body: dict[str, Any], key: str) -> st.SearchStrategy[dict[str, An
                        st.text(max_size=5), st.just([]), st.just({}),
                        st.sampled_from(["user", "assistant", "tool", "system"]))
     return st.builds(mutate, st.integers(1, len(items)), st.integers(-1, 50), values)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=JSON_VALUES, ensure_ascii=st.booleans())
+def test_the_fast_json_decoder_gives_jsons_own_value(value: Any, ensure_ascii: bool) -> None:
+    raw = json.dumps(value, ensure_ascii=ensure_ascii).encode()
+    decoded = json_process.parse(raw)
+    assert decoded == json.loads(raw)
+    assert json.dumps(decoded) == json.dumps(json.loads(raw))  # types too: 1 vs 1.0 vs True
+
+
+@pytest.mark.parametrize("raw", [
+    b"\xef\xbb\xbf{}", '{"a": 1}'.encode("utf-16"), b'"\xed\xa0\x80"', b'"\\ud800"',
+    b"\xff", b"[1,]", b'{"a": 1} x', b"01", b'"a\tb"', b"[" * 5000 + b"]" * 5000,
+    b"[Infinity, NaN]", b"1e400",
+])
+def test_the_fast_json_decoder_accepts_and_refuses_what_json_does(raw: bytes) -> None:
+    """Inputs where pydantic-core's parser and `json` differ, or that are invalid: the value
+    or the exception is json's own."""
+    try:
+        expected: Any = repr(json.loads(raw))
+    except Exception as exc:  # noqa: BLE001 (the type is what is compared)
+        expected = type(exc)
+    try:
+        got: Any = repr(json_process.parse(raw))
+    except Exception as exc:  # noqa: BLE001
+        got = type(exc)
+    assert got == expected
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from openforge.gateway import json_process
 from openforge.gateway.engines.base import (
     Engine,
     EngineConfigError,
@@ -113,7 +114,7 @@ class VLLMEngine(Engine):
                     raise EngineError(f"vLLM {path} rejected the request ({resp.status}): "
                                       f"{text[:200]}", resp.status)
                 try:
-                    data = json.loads(text)
+                    data = json_process.parse(text)
                 except ValueError:
                     raise EngineError(f"vLLM {path} answered non-JSON: {text[:100]!r}",
                                       502) from None
