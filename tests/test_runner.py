@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 from openforge.config import EngineConfig, RunConfig
 from openforge.runner import RunError, read_results, run_from_config
@@ -68,15 +69,53 @@ def test_unknown_task_and_bad_resume_dir(tmp_path: Path) -> None:
         run_from_config(RunConfig(), resume=tmp_path)
 
 
+def _gated_script(tmp_path: Path) -> Path:
+    """The full solutions, each rollout first waiting for its gate (`_open_next_gate`): a
+    rollout cannot finish before the test lets it, so when the test interrupts or kills the
+    runner is decided by the test, never by how fast the machine is."""
+    gates = tmp_path / "gates"
+    gates.mkdir(exist_ok=True)
+    # The rollout's directory is <base>/<name>/agent/workspace: its gate is gates/<name>.
+    wait = (f'name=$(basename "$(dirname "$(dirname "$PWD")")"); until [ -e {gates}/all ] || '
+            f'[ -e "{gates}/$name" ]; do sleep 0.05; done')
+    entries = yaml.safe_load(FULL.read_text())
+    for entry in entries:
+        entry["replies"].insert(0, {"tool_calls": [{"name": "shell",
+                                                    "arguments": {"command": wait}}]})
+    script = tmp_path / "gated.yaml"
+    script.write_text(yaml.safe_dump(entries))
+    return script
+
+
 def _start_run(tmp_path: Path, resume: Path | None = None) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "openforge.cli", "run"]
     if resume is not None:
         argv += ["--resume", str(resume)]
     else:
-        argv += ["--engine", "scripted", "--script", str(FULL), "--runs-dir", str(tmp_path / "runs"),
+        argv += ["--engine", "scripted", "--script", str(_gated_script(tmp_path)),
+                 "--runs-dir", str(tmp_path / "runs"),
                  "-k", "2", "--limit", "2", "--concurrency", "1",
                  "--set", f"executor_options.base_dir={tmp_path / 'sandboxes'}"]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The gates' folder on the Python path: an isolated rollout sees the Python paths
+    # (read-only, as mounts: a gate opened later shows), not the test's /tmp.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(tmp_path / "gates")])}
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+
+
+def _open_next_gate(tmp_path: Path, proc: subprocess.Popen[str]) -> None:
+    """Let the rollout running now (concurrency 1: the only rollout directory whose gate is
+    closed) go on; wait for it to start if none is running yet."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        for rollout in (tmp_path / "sandboxes").glob("*/agent"):
+            gate = tmp_path / "gates" / rollout.parent.name
+            if not gate.exists():
+                gate.touch()
+                return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("no rollout started in time")
 
 
 def _wait_for_results(tmp_path: Path, lines: int, proc: subprocess.Popen[str]) -> Path:
@@ -112,19 +151,23 @@ def _leftovers(tmp_path: Path) -> list[psutil.Process]:
     return found
 
 
-def test_interrupted_then_killed_run_resumes_to_exactly_k_attempts(tmp_path: Path) -> None:
+def test_interrupted_then_killed_run_resumes_to_exactly_k_attempts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # 1. Ctrl-C: a clean stop, exit 130, and the command to resume.
+    # Each rollout waits at its gate until the test opens it: one finishes, the next waits.
     proc = _start_run(tmp_path)
+    _open_next_gate(tmp_path, proc)
     run_dir = _wait_for_results(tmp_path, 1, proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert f"openforge run --resume {run_dir}" in " ".join(err.split()) and "Traceback" not in err
     after_interrupt = len(read_results(run_dir))
-    assert 1 <= after_interrupt < 4
+    assert after_interrupt == 1
 
     # 2. Resume, then SIGKILL the resumed runner: no clean-up code runs at all.
     proc = _start_run(tmp_path, resume=run_dir)
+    _open_next_gate(tmp_path, proc)
     _wait_for_results(tmp_path, after_interrupt + 1, proc)
     proc.kill()
     proc.communicate()
@@ -139,6 +182,8 @@ def test_interrupted_then_killed_run_resumes_to_exactly_k_attempts(tmp_path: Pat
     # A SIGKILL can tear the last line mid-write: it must be skipped, not glued to the next.
     with open(run_dir / "results.jsonl", "a") as f:
         f.write('{"task_id": "torn", "attem')
+    (tmp_path / "gates" / "all").touch()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), str(tmp_path / "gates")]))
     summary = run_from_config(RunConfig(), resume=run_dir)
     assert summary.attempts_run == 4 - after_kill
     _assert_complete(run_dir)
