@@ -17,7 +17,8 @@ from kubernetes_asyncio.client import V1OwnerReference  # noqa: E402
 from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
 
 from openforge import plugins  # noqa: E402
-from openforge.executors.k8s_api import RateLimiter  # noqa: E402
+from openforge.executors import k8s_api  # noqa: E402
+from openforge.executors.k8s_api import KubeApi, RateLimiter  # noqa: E402
 from openforge.executors.k8s_pods import (  # noqa: E402
     KubernetesOptions,
     build_pod,
@@ -199,6 +200,39 @@ async def test_rate_limiter_spaces_acquisitions_on_a_fake_clock() -> None:
     for _ in range(5):
         await limiter.acquire()
     assert slept == [0.5, 0.5]  # 3 from the burst, then one every 1/rate seconds
+
+
+@pytest.mark.parametrize("jitter", [0.0, 0.999])
+async def test_retries_never_come_back_before_retry_after_on_a_fake_clock(
+        jitter: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    def busy(retry_after: str | None) -> ApiException:
+        exc = ApiException(status=429, reason="Too Many Requests")
+        exc.headers = {"Retry-After": retry_after} if retry_after is not None else {}
+        return exc
+
+    refusals = [busy("3"), busy("30"), busy(None), busy("0")]
+
+    async def call() -> str:
+        if refusals:
+            raise refusals.pop(0)
+        return "done"
+
+    monkeypatch.setattr(k8s_api.random, "random", lambda: jitter)
+    api = KubeApi(object(), "default", retries=5, backoff_s=1.0,  # type: ignore[arg-type]
+                  backoff_max_s=10.0, sleep=sleep)
+    assert await api.call("create", call) == "done"
+    # Our own backoff (1, 2, 4, 8 s, capped at 10) is jittered down to half; a Retry-After
+    # is a floor, past our cap too, and the jitter only adds to it (up to half the backoff).
+    floors = [3.0, 30.0, 4.0 * 0.5, 0.0]
+    ceilings = [3.0 + 0.5, 30.0 + 1.0, 4.0, 0.0 + 4.0]
+    assert all(f <= s <= c for f, s, c in zip(floors, slept, ceilings, strict=True)), slept
+    if jitter == 0.0:
+        assert slept == floors  # exactly what the server asked, not half of it
 
 
 # -- reading a Pod's status ----------------------------------------------------------------------

@@ -3,9 +3,9 @@
 Only the calls the executor makes: Pods (create, get, delete, deletecollection, list,
 watch, log), the attempts' Secrets (create, deletecollection), the per-run owner ConfigMap,
 and Nodes (list, watch). Transient API errors (409 Conflict other than AlreadyExists, 429,
-5xx, connection errors) are retried with capped exponential backoff, honouring Retry-After;
-everything else is raised as `ApiException` for the caller to judge. Every request is
-counted (the benchmark reports API calls per rollout).
+5xx, connection errors) are retried with capped, jittered exponential backoff, and never
+sooner than a Retry-After header asks; everything else is raised as `ApiException` for the
+caller to judge. Every request is counted (the benchmark reports API calls per rollout).
 """
 
 from __future__ import annotations
@@ -47,6 +47,13 @@ def message_of(exc: ApiException) -> str:
         return str(exc.reason or exc.status)
 
 
+def retry_after(exc: BaseException) -> float | None:
+    """The seconds a refused call's Retry-After header asks for (None without one)."""
+    headers = getattr(exc, "headers", None)
+    value = str(headers.get("Retry-After") or "").strip() if headers else ""
+    return float(value) if value.isdigit() else None
+
+
 def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, ApiException):
         if exc.status == 409 and reason_of(exc) == "AlreadyExists":
@@ -85,12 +92,14 @@ class KubeApi:
 
     def __init__(self, api_client: client.ApiClient, namespace: str, retries: int = 5,
                  backoff_s: float = 0.5, backoff_max_s: float = 10.0,
-                 calls: Counter[str] | None = None) -> None:
+                 calls: Counter[str] | None = None,
+                 sleep: Callable[[float], Awaitable[None]] | None = None) -> None:
         self.client = api_client
         self.core = client.CoreV1Api(api_client)
         self.namespace = namespace
         self.retries, self.backoff_s, self.backoff_max_s = retries, backoff_s, backoff_max_s
         self.calls: Counter[str] = calls if calls is not None else Counter()
+        self._sleep = sleep or asyncio.sleep
 
     @classmethod
     async def connect(cls, kubeconfig: Path | None, context: str | None, namespace: str,
@@ -118,11 +127,12 @@ class KubeApi:
                 if not is_transient(exc) or attempt == self.retries:
                     raise
                 delay = min(self.backoff_max_s, self.backoff_s * 2 ** attempt)
-                headers = getattr(exc, "headers", None)
-                retry_after = headers.get("Retry-After") if headers else None
-                if retry_after and str(retry_after).isdigit():
-                    delay = min(self.backoff_max_s, max(delay, float(retry_after)))
-                await asyncio.sleep(delay * (0.5 + random.random() / 2))
+                # Jittered, so that callers refused together do not come back together...
+                wait = delay * (0.5 + random.random() / 2)
+                if (after := retry_after(exc)) is not None:
+                    # ...but never before the server said: its Retry-After is a floor.
+                    wait = after + delay * random.random() / 2
+                await self._sleep(wait)
         raise AssertionError("unreachable")
 
     async def _request(self, verb: str, method: Callable[..., Awaitable[Any]], *args: Any,
