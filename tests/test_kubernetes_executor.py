@@ -32,6 +32,7 @@ import pytest
 pytest.importorskip("kubernetes_asyncio", reason="pip install 'openforge[kubernetes]'")
 
 from k8s_standin import Image, Node, StandIn, standin_processes  # noqa: E402
+from kubernetes_asyncio import client  # noqa: E402
 
 from openforge.executors.k8s_api import KubeApi  # noqa: E402
 from openforge.executors.k8s_pods import owner_name, pod_name, run_selector  # noqa: E402
@@ -63,11 +64,13 @@ class Cluster:
     context: str | None = None
 
     def executor(self, **options: Any) -> KubernetesExecutor:
+        # A graceful delete is never forced for being slow: the scenarios that force one
+        # (a node that does not answer) set a short force_delete_after_s of their own.
         base: dict[str, Any] = {"image": self.image, "kubeconfig": self.kubeconfig,
                                 "context": self.context, "namespace": self.namespace,
                                 "python": self.python, "requests": {"cpu": "100m"},
                                 "backoff_s": 0.05, "resync_s": 10, "termination_grace_s": 1,
-                                "force_delete_after_s": 2}
+                                "force_delete_after_s": HANG_GUARD_S}
         if self.standin:  # keep ordinary Pods off the node the node-loss tests cut off
             base["node_selector"] = {"pool": "main"}
         base.update(options)
@@ -168,10 +171,13 @@ def assert_clean_now(cluster: Cluster, run_id: str) -> None:
     assert not left_now, f"left behind: {left_now}"
 
 
-def agent_state(pod: dict[str, Any]) -> dict[str, Any]:
-    for status in pod["status"].get("initContainerStatuses") or []:
-        if status["name"] == "agent":
-            return status.get("state") or {}
+def agent_state(pod: dict[str, Any], container: str = "agent") -> dict[str, Any]:
+    """The state of the Pod's agent container (or of `container`)."""
+    status = pod.get("status") or {}
+    for entry in (status.get("initContainerStatuses") or []) + \
+            (status.get("containerStatuses") or []):
+        if entry["name"] == container:
+            return entry.get("state") or {}
     return {}
 
 
@@ -582,6 +588,57 @@ async def test_leftover_pods_are_swept_and_strangers_under_our_name_replaced(
     assert result.status == "ok", result.error
     assert executor.stats["adopted"] == 0 and executor.stats["created"] == 1
     assert executor.stats["swept"] >= 1  # the stale attempt's Pod
+    if cluster.standin:  # the impostor went on a graceful delete: nothing was forced
+        graces = [d[3] for d in cluster.standin.deletions() if d[1:3] == ("Pod", pod_name(spec))]
+        assert graces and set(graces) == {None}, graces
+        assert executor.stats["force_deleted"] == 0
+    await assert_clean(cluster, kube, run_id)
+
+
+@standin_only
+async def test_strangers_under_our_name_are_deleted_gracefully_then_forced(
+        cluster: Cluster, kube: KubeApi, run_id: str, tmp_path: Path) -> None:
+    assert cluster.standin is not None
+    # Under the names of two attempts, two Pods on a node then cut off (its kubelet carries
+    # out no graceful delete): one an earlier orchestrator made from another spec (found at
+    # start), one made outside the run (met as 409 AlreadyExists when creating).
+    found, met = make_spec(run_id), make_spec(run_id, n=1)
+    impostor = found.model_copy(update={"harness": "executor_plugins:HangHarness"})
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([{**cluster.executor_options(), "node_selector": {"pool": "lost"}},
+                                [impostor.model_dump(mode="json")]]))
+    crashed = subprocess.Popen([sys.executable, "-c", _ORCHESTRATOR, str(plan)])
+    try:
+        await wait_agents_running(kube, run_id, 1)
+    finally:
+        crashed.send_signal(signal.SIGKILL)
+        crashed.wait()
+    stranger = client.V1Pod(
+        metadata=client.V1ObjectMeta(name=pod_name(met)),
+        spec=client.V1PodSpec(
+            node_selector={"pool": "lost"}, restart_policy="Never",
+            termination_grace_period_seconds=1, containers=[client.V1Container(
+                name="main", image=IMAGE,
+                command=[sys.executable, "-c", "import time; time.sleep(600)"])]))
+    await kube.core.create_namespaced_pod(cluster.namespace, stranger)
+    deadline = time.monotonic() + HANG_GUARD_S
+    while "running" not in agent_state(await kube.read_pod(pod_name(met)) or {}, "main"):
+        assert time.monotonic() < deadline, "the stranger never ran"
+        await asyncio.sleep(0.1)
+    cluster.standin.partition(LOST_NODE)
+    executor = cluster.executor(termination_grace_s=1, force_delete_after_s=1)
+    try:
+        results = await asyncio.gather(executor.run(found), executor.run(met))
+    finally:
+        cluster.standin.reconnect(LOST_NODE)  # back: its kubelet kills what was deleted
+        await executor.close()
+    assert [r.status for r in results] == ["ok", "ok"], [r.error for r in results]
+    assert executor.stats["created"] == 2 and executor.stats["force_deleted"] == 2
+    deletions = cluster.standin.deletions()
+    for spec in (found, met):
+        # Graceful first, forced once after that; then our own Pod went, gracefully.
+        graces = [d[3] for d in deletions if d[1:3] == ("Pod", pod_name(spec))]
+        assert graces[0] is None and graces.count(0) == 1, graces
     await assert_clean(cluster, kube, run_id)
 
 

@@ -373,7 +373,8 @@ class KubernetesExecutor(Executor):
             if _digest_of(found) == spec_digest(spec, self.options):
                 self.stats["adopted"] += 1
                 return found
-            await self._replace(api, name)  # made from another spec under our name
+            # Made from another spec under our name.
+            await self._replace(api, name, node=(found.get("spec") or {}).get("nodeName"))
         if not spec.session_token:
             # A resumed try whose Pod went away after `adoptable` said yes: the store keeps
             # no token in clear, so a new Pod could make no model call. Another try can.
@@ -441,17 +442,49 @@ class KubernetesExecutor(Executor):
         finally:
             self._waiting.pop(name, None)
 
-    async def _replace(self, api: KubeApi, name: str, keep_secret: bool = False) -> None:
-        """Remove a Pod (and Secret) left under our name by something else; wait till gone."""
-        with contextlib.suppress(Exception):
-            if not keep_secret:
+    async def _replace(self, api: KubeApi, name: str, keep_secret: bool = False,
+                       node: str | None = None) -> None:
+        """Remove a Pod (and Secret) left under our name by something else: the Pod graceful
+        first like any other (`_delete_pod`), waited for till it is gone; then the Secret."""
+        async def gone_within(seconds: float) -> bool:
+            return await self._read_gone_within(api, name, seconds)
+
+        await self._delete_pod(api, name, node, gone_within)
+        await gone_within(self.options.force_delete_after_s)  # a forced one goes at once
+        if not keep_secret:
+            with contextlib.suppress(Exception):
                 await api.delete_secret(name)
-            await api.delete_pod(name, grace_s=0)
-        for _ in range(50):
+
+    async def _read_gone_within(self, api: KubeApi, name: str, seconds: float) -> bool:
+        """Whether the Pod `name` is gone within `seconds`, reading it every `backoff_s`
+        (a Pod not of this run's watch: found under our name on a create)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + seconds
+        while True:
             with contextlib.suppress(Exception):
                 if await api.read_pod(name) is None:
-                    return
-            await asyncio.sleep(self.options.backoff_s)
+                    return True
+            if (left := until - loop.time()) <= 0:
+                return False
+            await asyncio.sleep(min(self.options.backoff_s, left))
+
+    async def _delete_pod(self, api: KubeApi, name: str, node: str | None,
+                          gone_within: Callable[[float], Awaitable[bool]]) -> None:
+        """Delete the Pod gracefully (its own grace period); force-delete it only when it is
+        still there `termination_grace_s + force_delete_after_s` later, and say so: on a node
+        that does not answer, the object goes while its containers may keep running."""
+        c = self.options
+        with contextlib.suppress(Exception):
+            await api.delete_pod(name)
+        wait_s = c.termination_grace_s + c.force_delete_after_s
+        if await gone_within(wait_s):
+            return
+        log.warning("Pod %s still there %gs after its graceful delete: force-deleting it; its "
+                    "containers may still run on node %s until it reconnects", name, wait_s,
+                    node or "(unknown)")
+        with contextlib.suppress(Exception):
+            if await api.delete_pod(name, grace_s=0):
+                self.stats["force_deleted"] += 1
 
     async def _follow(self, spec: RolloutSpec, name: str, pod: Obj,
                       queue: asyncio.Queue[tuple[str, Obj]], failed: Any) -> RolloutResult:
@@ -567,7 +600,6 @@ class KubernetesExecutor(Executor):
         queued for deletion (the garbage collector then takes the Pod) and the slot is free at
         once. A Pod still running is deleted gracefully now, and waited for.
         """
-        c = self.options
         self._reaper.add(spec.run_id, spec.rollout_id)  # the Secret (the Pod goes with it)
         if pod is None:
             return
@@ -581,26 +613,20 @@ class KubernetesExecutor(Executor):
         if gone() or (current.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             self.stats["deleted"] += 1
             return
-        api = await self._connect()
-        with contextlib.suppress(Exception):
-            await api.delete_pod(name)  # graceful: the Pod's own grace period
-        wait_s = c.termination_grace_s + c.force_delete_after_s
-        until = asyncio.get_running_loop().time() + wait_s
-        while not gone():
-            try:
-                async with asyncio.timeout_at(until):
-                    await queue.get()
-            except TimeoutError:
-                break
+
+        async def gone_within(seconds: float) -> bool:  # as the run's watch sees it
+            until = asyncio.get_running_loop().time() + seconds
+            while not gone():
+                try:
+                    async with asyncio.timeout_at(until):
+                        await queue.get()
+                except TimeoutError:
+                    return gone()
+            return True
+
         self.stats["deleted"] += 1
-        if gone():
-            return
         node = (current.get("spec") or {}).get("nodeName")
-        log.warning("Pod %s still there %gs after its graceful delete: force-deleting it; its "
-                    "containers may still run on node %s until it reconnects", name, wait_s, node)
-        with contextlib.suppress(Exception):
-            if await api.delete_pod(name, grace_s=0):
-                self.stats["force_deleted"] += 1
+        await self._delete_pod(await self._connect(), name, node, gone_within)
 
     # -- shutdown ------------------------------------------------------------------------------
 
