@@ -182,17 +182,19 @@ def agent_state(pod: dict[str, Any], container: str = "agent") -> dict[str, Any]
 
 
 async def wait_agents_running(kube: KubeApi, run_id: str, count: int,
-                              names: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """The run's Pods once `count` of them (of `names`, if given) run their agent container."""
+                              names: tuple[str, ...] = (),
+                              container: str = "agent") -> list[dict[str, Any]]:
+    """The run's Pods once `count` of them (of `names`, if given) run their agent container
+    (or `container`)."""
     deadline = time.monotonic() + HANG_GUARD_S
     while time.monotonic() < deadline:
         pods, _ = await kube.list_pods(run_selector(run_id))
-        running = [p for p in pods if "running" in agent_state(p)
+        running = [p for p in pods if "running" in agent_state(p, container)
                    and (not names or p["metadata"]["name"] in names)]
         if len(running) >= count:
             return running
         await asyncio.sleep(0.1)
-    raise AssertionError(f"{count} agents of {run_id} never ran")
+    raise AssertionError(f"{count} {container} containers of {run_id} never ran")
 
 
 # -- the basics ----------------------------------------------------------------------------------
@@ -236,14 +238,22 @@ async def test_results_come_from_the_verifier_and_nothing_is_left(
 async def test_timeouts_the_kubelets_deadline_and_the_clients(
         cluster: Cluster, kube: KubeApi, run_id: str) -> None:
     # Hangs in prepare (in the supervisor) with SIGTERM ignored: only activeDeadlineSeconds
-    # (1 + 2 + 0.5 -> 4 s) and the kubelet's SIGKILL can end it; the client gives it 60 s more.
-    kubelet = cluster.executor(pending_timeout_s=1, deadline_slack_s=0.5, kill_margin_s=60)
+    # and the kubelet's SIGKILL can end it (the client's own limits are hang guards here).
+    # The budgets stay generous, however long the Pod takes to start; once its supervisor
+    # runs, its deadline is cut to 1 s, as `kubectl patch` may do to a live Pod.
+    kubelet = cluster.executor(pending_timeout_s=HANG_GUARD_S, kill_margin_s=HANG_GUARD_S)
     hung = make_spec(run_id, env="executor_plugins:HangInPrepareEnv", timeout_s=2)
-    # A harness that hangs: the client's own limit (1.5 + 0.5 s) comes first.
-    client = cluster.executor(pending_timeout_s=5, deadline_slack_s=60, kill_margin_s=0.5)
+    # A harness that hangs: the client's own limit (1.5 + 0.5 s once the Pod runs) comes
+    # first; the kubelet's deadline is far.
+    client = cluster.executor(pending_timeout_s=HANG_GUARD_S, deadline_slack_s=HANG_GUARD_S,
+                              kill_margin_s=0.5)
     hanging = make_spec(run_id, "HangHarness", n=1, timeout_s=1.5)
     try:
-        deadline, timeout = await asyncio.gather(kubelet.run(hung), client.run(hanging))
+        tasks = [asyncio.create_task(kubelet.run(hung)), asyncio.create_task(client.run(hanging))]
+        await wait_agents_running(kube, run_id, 1, (pod_name(hung),), container="supervisor")
+        await kube.core.patch_namespaced_pod(pod_name(hung), cluster.namespace,
+                                             {"spec": {"activeDeadlineSeconds": 1}})
+        deadline, timeout = await asyncio.gather(*tasks)
     finally:
         await kubelet.close()
         await client.close()
@@ -256,7 +266,7 @@ async def test_timeouts_the_kubelets_deadline_and_the_clients(
     await assert_clean(cluster, kube, run_id)
     if cluster.standin:  # a graceful delete, and the kubelet finished it: no force needed
         deletes = [d for d in cluster.standin.deletions() if d[1:3] == ("Pod", pod_name(hanging))]
-        assert deletes and deletes[0][3] is None, deletes
+        assert deletes and all(d[3] is None for d in deletes), deletes
         assert client.stats["force_deleted"] == 0
 
 

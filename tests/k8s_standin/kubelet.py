@@ -15,8 +15,9 @@ must exit 0 or the Pod fails (`restartPolicy: Never`); then the main containers;
 have ended, the sidecars get SIGTERM. Every container has its own log and its own
 termination-message file (env values naming its `terminationMessagePath`, and paths under
 a volume's mountPath, are mapped to where they live here).
-Ending: exit codes, `Completed` / `Error` / `OOMKilled`; `activeDeadlineSeconds` -> SIGTERM,
-grace, SIGKILL, `Failed / DeadlineExceeded`; graceful deletion -> the same, then the object
+Ending: exit codes, `Completed` / `Error` / `OOMKilled`; `activeDeadlineSeconds` (counted
+from the Pod's start, and re-read when a live Pod's is changed) -> SIGTERM, grace, SIGKILL,
+`Failed / DeadlineExceeded`; graceful deletion -> the same, then the object
 goes; force deletion -> killed at once.
 What a real cluster also does, on request (`StandIn` knobs): partition a node (its kubelet
 stops reporting and acting; processes keep running), lose it (Ready=Unknown), remove it
@@ -141,6 +142,7 @@ class PodRun:
     reason: str = ""
     message: str = ""
     start_time: str = ""
+    active_since: float = 0.0  # loop time the Pod was bound: its deadline counts from then
     scheduled: Obj | None = None  # the PodScheduled condition
     extra_conditions: list[Obj] = field(default_factory=list)
     volumes: dict[str, Path] = field(default_factory=dict)
@@ -236,6 +238,9 @@ class Kubelet:
             else:
                 self._end(run, grace=float(meta.get("deletionGracePeriodSeconds") or 0),
                           remove=True)
+        elif run.node and run.node not in self.partitioned and \
+                _deadline_of(event.obj) != _deadline_of(event.old):
+            self._arm_deadline(run, event.obj["spec"])  # changed on a live Pod (kubectl patch)
 
     # -- reporting -----------------------------------------------------------------------------
 
@@ -305,6 +310,7 @@ class Kubelet:
             return
         run.node = node.name
         run.start_time = self.now()
+        run.active_since = asyncio.get_running_loop().time()
         run.scheduled = {"type": "PodScheduled", "status": "True",
                          "lastTransitionTime": run.start_time}
         for c in spec.get("initContainers") or []:
@@ -312,9 +318,7 @@ class Kubelet:
         for c in spec["containers"]:
             run.boxes[c["name"]] = Box(c, False, run.directory / f"c-{secrets.token_hex(6)}")
         self._publish(run, spec={"nodeName": node.name})
-        if spec.get("activeDeadlineSeconds"):
-            run.deadline = asyncio.get_running_loop().call_later(
-                spec["activeDeadlineSeconds"], self._deadline, run)
+        self._arm_deadline(run, spec)
         while not self._mount(run, spec):  # a kubelet retries the mount until the Secret exists
             await asyncio.sleep(0.1)
         for box in run.boxes.values():
@@ -655,6 +659,16 @@ class Kubelet:
             run.counted_out = True
             self.live_pods -= 1
 
+    def _arm_deadline(self, run: PodRun, spec: Obj) -> None:
+        """`activeDeadlineSeconds`, counted from when the Pod was bound to its node."""
+        if run.deadline is not None:
+            run.deadline.cancel()
+            run.deadline = None
+        if spec.get("activeDeadlineSeconds"):
+            loop = asyncio.get_running_loop()
+            left = run.active_since + spec["activeDeadlineSeconds"] - loop.time()
+            run.deadline = loop.call_later(max(0.0, left), self._deadline, run)
+
     def _deadline(self, run: PodRun) -> None:
         pod = self._current(run)
         if pod is None or run.phase in _TERMINAL or run.ending is not None:
@@ -861,3 +875,7 @@ class Kubelet:
         if query.get("limitBytes"):
             data = data[: int(query["limitBytes"])]
         return data
+
+
+def _deadline_of(pod: Obj | None) -> Any:
+    return ((pod or {}).get("spec") or {}).get("activeDeadlineSeconds")

@@ -155,6 +155,17 @@ async def test_graceful_and_forced_deletion_kill_the_process(core: client.CoreV1
     assert left == [], [p.cmdline() for p in left]
 
 
+async def test_a_shortened_active_deadline_ends_a_running_pod(core: client.CoreV1Api) -> None:
+    await core.create_namespaced_pod("default", pod("deadline", active_deadline_seconds=600))
+    await until(core, "deadline", lambda p: p.status.phase == "Running")
+    # activeDeadlineSeconds may be lowered on a live Pod; it counts from the Pod's start.
+    await core.patch_namespaced_pod("deadline", "default", {"spec": {"activeDeadlineSeconds": 1}})
+    ended = await until(core, "deadline", lambda p: p.status.phase == "Failed")
+    assert ended.status.reason == "DeadlineExceeded"
+    await core.delete_namespaced_pod("deadline", "default")
+    await gone(core, "deadline")
+
+
 async def test_unschedulable_then_deleted_at_once(core: client.CoreV1Api) -> None:
     body = pod("huge")
     body.spec.containers[0].resources = client.V1ResourceRequirements(requests={"cpu": "5000"})
