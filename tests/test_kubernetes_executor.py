@@ -272,6 +272,9 @@ async def test_timeouts_the_kubelets_deadline_and_the_clients(
 
 async def test_unschedulable_pod_is_an_infra_error_after_the_pending_budget(
         cluster: Cluster, kube: KubeApi, run_id: str) -> None:
+    # Short, yet not a race: at the end of the budget the executor reads the Pod afresh, and
+    # the scheduler has said why by then (the stand-in's says so at its first pass, which
+    # comes before it serves any later request).
     result, _ = await run_alone(cluster, make_spec(run_id), requests={"cpu": "100000"},
                                 pending_timeout_s=1.5)
     assert result.status == "infra_error" and not result.permanent

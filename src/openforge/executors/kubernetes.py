@@ -546,6 +546,14 @@ class KubernetesExecutor(Executor):
                 if run_until is not None:
                     return failed("timeout", f"Pod {name} ran past the timeout of "
                                   f"{spec.timeout_s:g}s (+{c.kill_margin_s:g}s); deleted it")
+                # Judged on the Pod as the API server has it now, not as the watch last
+                # brought it: the scheduler's reason may still be on its way.
+                with contextlib.suppress(Exception):
+                    now_pod = await (await self._connect()).read_pod(name)
+                    if now_pod is not None and now_pod["metadata"].get("uid") == uid:
+                        last = now_pod
+                if started(last):
+                    continue  # it started just now: followed like any other
                 why = unschedulable(last)
                 if why:
                     return failed("infra_error", f"Pod {name} unschedulable for "
