@@ -298,12 +298,14 @@ class KubernetesExecutor(Executor):
         api = await self._connect()
         for name, pod in list(scope.found.items()):
             scope.found.pop(name, None)
-            rollout = (pod["metadata"].get("annotations") or {}).get("openforge.io/rollout-id-full")
-            if rollout:
-                self._reaper.add(scope.run_id, rollout)
             with contextlib.suppress(Exception):
                 if await api.delete_pod(name):
                     self.stats["swept"] += 1
+            # Its Secret after it: had the garbage collector taken the Pod first, no delete
+            # would have found it, and the sweep would not count it.
+            rollout = (pod["metadata"].get("annotations") or {}).get("openforge.io/rollout-id-full")
+            if rollout:
+                self._reaper.add(scope.run_id, rollout)
 
     async def find_attempt(self, run_id: str, task_id: str, attempt: int) -> str | None:
         """The rollout id of the newest Pod an earlier orchestrator left for this attempt."""
