@@ -14,6 +14,7 @@ guards, and what is asserted are counts, orders and causes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -185,7 +186,8 @@ async def wait_agents_running(kube: KubeApi, run_id: str, count: int,
                               names: tuple[str, ...] = (),
                               container: str = "agent") -> list[dict[str, Any]]:
     """The run's Pods once `count` of them (of `names`, if given) run their agent container
-    (or `container`)."""
+    (or `container`). It looks every 0.1 s: for containers that run until the test ends
+    them (`first_seen` for one that may run only briefly)."""
     deadline = time.monotonic() + HANG_GUARD_S
     while time.monotonic() < deadline:
         pods, _ = await kube.list_pods(run_selector(run_id))
@@ -197,6 +199,31 @@ async def wait_agents_running(kube: KubeApi, run_id: str, count: int,
     raise AssertionError(f"{count} {container} containers of {run_id} never ran")
 
 
+async def first_seen(list_objects: Any, since: str, check: Any) -> dict[str, Any]:
+    """The first state `check` accepts of an object `list_objects` (a typed client's list
+    call) lists, read from a watch from `since` (a resourceVersion from before the object
+    was made): every state it went through is on the watch, so a state that lasts only
+    briefly is not missed between two looks."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    rv = since
+    while time.monotonic() < deadline:
+        resp = await list_objects(watch=True, resource_version=rv, timeout_seconds=10,
+                                  _preload_content=False)
+        try:
+            async for line in resp.content:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                assert event.get("type") != "ERROR", obj  # the history is gone: cannot tell
+                rv = obj.get("metadata", {}).get("resourceVersion") or rv
+                if event.get("type") != "BOOKMARK" and check(obj):
+                    return dict(obj)
+        finally:
+            resp.release()
+    raise AssertionError(f"never seen since {since}")
+
+
 # -- the basics ----------------------------------------------------------------------------------
 
 
@@ -205,16 +232,21 @@ async def test_results_come_from_the_verifier_and_nothing_is_left(
     executor = cluster.executor()
     spec = make_spec(run_id, "WaitHarness", harness_options={"seconds": 1})
     failing = make_spec(run_id, "FailHarness", n=1)
+    _, before = await kube.list_pods(run_selector(run_id))
+    ours = {"label_selector": run_selector(run_id)}
     try:
         tasks = [asyncio.create_task(executor.run(s)) for s in (spec, failing)]
-        [pod] = await wait_agents_running(kube, run_id, 1, (pod_name(spec),))
+        pod = await first_seen(
+            functools.partial(kube.core.list_namespaced_pod, cluster.namespace, **ours), before,
+            lambda p: p["metadata"]["name"] == pod_name(spec) and "running" in agent_state(p))
         # The token travels in the attempt's Secret, owned by the run; the Pod, owned by the
         # Secret, never holds it.
         assert spec.session_token not in json.dumps(pod)
         assert pod["metadata"]["ownerReferences"][0]["kind"] == "Secret"
         if cluster.standin:
-            [secret] = [s for s in cluster.standin.objects("Secret")
-                        if s["metadata"]["name"] == pod_name(spec)]
+            secret = await first_seen(
+                functools.partial(kube.core.list_namespaced_secret, cluster.namespace, **ours),
+                before, lambda s: s["metadata"]["name"] == pod_name(spec))
             assert secret["metadata"]["ownerReferences"][0]["name"] == owner_name(run_id)
         result, failure = await asyncio.gather(*tasks)
     finally:
