@@ -4,8 +4,10 @@ loss, API refusals). Times are explicit arguments here, so bounds are exact."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,7 @@ from openforge.executors.k8s_result import (  # noqa: E402
     pod_level_cause,
     start_problem,
 )
-from openforge.executors.k8s_watch import NodeWatcher  # noqa: E402
+from openforge.executors.k8s_watch import WINDOWS_PER_LIST, Informer, NodeWatcher  # noqa: E402
 from openforge.executors.kubernetes import (  # noqa: E402
     KubernetesExecutor,
     KubernetesExecutorError,
@@ -361,6 +363,47 @@ def test_node_loss_from_the_pod_and_from_the_node_watch_with_explicit_times() ->
     since, why = watcher.problem("n3", t0 + 7) or (0.0, "")
     assert since == t0 + 7 and "node n3 no longer exists" in why
     assert (watcher.problem("n3", t0 + 20) or (0.0, ""))[0] == t0 + 7
+
+
+async def test_a_shared_watch_lists_again_after_every_two_windows() -> None:
+    """The informer's cycle, window by window: each watch here ends as a server ends a
+    window (after one event), so no clock is involved."""
+    reads: list[tuple[str, str]] = []  # ("list", "") / ("watch", the version it resumes from)
+    open_watches, most_open = [0], [0]
+    version = [0]
+    enough = asyncio.Event()
+
+    class Api:  # what the informer calls, answering at once
+        async def list_objects(self, resource: str, selector: str) -> tuple[list[Any], str]:
+            reads.append(("list", ""))
+            if len(reads) > 3 * (1 + WINDOWS_PER_LIST):
+                enough.set()
+                await asyncio.Event().wait()  # hold here until stopped
+            version[0] += 1
+            return [{"metadata": {"name": "p"}}], str(version[0])
+
+        async def watch_objects(self, resource: str, selector: str, rv: str,
+                                timeout_s: float) -> AsyncIterator[dict[str, Any]]:
+            reads.append(("watch", rv))
+            open_watches[0] += 1
+            most_open[0] = max(most_open[0], open_watches[0])
+            try:
+                version[0] += 1
+                yield {"type": "MODIFIED", "object": {"metadata": {
+                    "name": "p", "resourceVersion": str(version[0])}}}
+            finally:
+                open_watches[0] -= 1
+
+    informer = Informer(Api(), "pods", "run=x", resync_s=30)  # type: ignore[arg-type]
+    informer.start()
+    await asyncio.wait_for(enough.wait(), 60)  # a hang guard
+    await informer.stop()
+    # A list, then two windows, the second resuming from the version the first saw last;
+    # then a list again. One watch open at a time.
+    assert reads == [("list", ""), ("watch", "1"), ("watch", "2")] + \
+        [("list", ""), ("watch", "4"), ("watch", "5")] + \
+        [("list", ""), ("watch", "7"), ("watch", "8"), ("list", "")]
+    assert WINDOWS_PER_LIST == 2 and most_open == [1]
 
 
 def _api_error(status: int, message: str) -> ApiException:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +89,8 @@ class ApiServer:
         # Open watches by "resource?labelSelector", and the most ever open at once.
         self.open_watches: Counter[str] = Counter()
         self.max_open_watches: Counter[str] = Counter()
+        # The lists and watches served, by "resource?labelSelector", in the order they came.
+        self.reads: defaultdict[str, list[str]] = defaultdict(list)
         self.pod_quota: int | None = None  # a ResourceQuota of `pods: N` per namespace
         self.deletions: list[tuple[float, str, str, int | None]] = []  # (when, kind, name, grace)
         self.store.listeners.append(self._collect_garbage)
@@ -195,9 +197,10 @@ class ApiServer:
         def matches(obj: Obj) -> bool:
             return labels(obj["metadata"].get("labels") or {}) and fields(obj)
 
+        key = f"{res}?{q.get('labelSelector') or ''}"
+        self.reads[key].append("watch" if watch else "list")
         if watch:
-            return await self._watch(request, kind, ns, matches,
-                                     f"{res}?{q.get('labelSelector') or ''}")
+            return await self._watch(request, kind, ns, matches, key)
         items = [o for o in self.store.list(kind, ns) if matches(o)]
         return web.json_response({"kind": f"{kind}List", "apiVersion": "v1",
                                   "metadata": {"resourceVersion": str(self.store.rv)},

@@ -163,6 +163,11 @@ class StandIn:
         """The most watches open at once, by "resource?labelSelector"."""
         return self.call(lambda: dict(self.api.max_open_watches))
 
+    def reads(self, key: str) -> list[str]:
+        """The lists and watches served for "resource?labelSelector", in order: "list",
+        "watch", ..."""
+        return self.call(lambda: list(self.api.reads.get(key, [])))
+
     def compact(self) -> None:
         """Drop the watch history and end the open watches (as an API server restart does):
         a client resuming from the version it last saw now gets 410 Gone."""
@@ -185,6 +190,7 @@ class StandIn:
     def reset_counters(self) -> None:
         def reset() -> None:
             self.api.calls.clear()
+            self.api.reads.clear()
             self.api.max_open_watches = self.api.open_watches.copy()
             assert self.kubelet is not None
             self.kubelet.max_live_pods = self.kubelet.live_pods
