@@ -752,17 +752,20 @@ async def test_watch_history_loss_is_repaired_by_relisting(
         task = asyncio.create_task(executor.run(make_spec(run_id, "WaitHarness",
                                                           harness_options={"seconds": 2})))
         await wait_agents_running(kube, run_id, 1)
-        # Other objects move the global resourceVersion past what this run's watch saw...
-        await kube.ensure_configmap(f"unrelated-{run_id}", {}, {})
-        # ...then history goes: the watcher resumes from a version now forgotten.
+        # History goes: the watcher resumes from a version now forgotten, gets 410 Gone, and
+        # lists the run's Pods again. Waited for while the executor is open, whether or not
+        # the rollout has ended by then.
         cluster.standin.compact()
+        selector = f"pods?{run_selector(run_id)}"
+        deadline = time.monotonic() + HANG_GUARD_S
+        while cluster.standin.calls().get("watch expired (410)", 0) < 1 or \
+                cluster.standin.reads(selector).count("list") < 2:
+            assert time.monotonic() < deadline, cluster.standin.reads(selector)
+            await asyncio.sleep(0.05)
         result = await task
     finally:
         await executor.close()
-        await kube.delete_configmap(f"unrelated-{run_id}")
     assert result.status == "ok", result.error
-    assert cluster.standin.calls().get("watch expired (410)", 0) >= 1
-    assert executor.api_calls["list"] >= 2  # the 410 made it list again
     await assert_clean(cluster, kube, run_id)
 
 

@@ -170,9 +170,14 @@ class StandIn:
 
     def compact(self) -> None:
         """Drop the watch history and end the open watches (as an API server restart does):
-        a client resuming from the version it last saw now gets 410 Gone."""
+        a client resuming from the version it last saw now gets 410 Gone. (Another object is
+        written and deleted first, in the same step: no client has seen the newest version.)"""
         def compact() -> None:
-            self.api.store.compact()
+            store = self.api.store
+            store.put("ConfigMap", {"metadata": {"name": "standin-compaction",
+                                                 "namespace": "kube-system", "uid": "-"}})
+            store.remove("ConfigMap", "kube-system", "standin-compaction")
+            store.compact()
             for watcher in list(self.api.store.watchers):
                 watcher.queue.put_nowait(None)
 
