@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import selectors
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -175,14 +177,19 @@ def test_options_errors_are_one_line() -> None:
         KubernetesExecutor(image="i", kubeconfig="/nonexistent")
 
 
-async def test_unreachable_api_is_an_infra_error(tmp_path: Path) -> None:
+def _kubeconfig(tmp_path: Path) -> str:
+    """A kubeconfig naming an API server nobody listens on."""
     config = tmp_path / "kubeconfig"
     config.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "x",
         "clusters": [{"name": "x", "cluster": {"server": "http://127.0.0.1:9"}}],
         "users": [{"name": "x", "user": {"token": "t"}}],
         "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}]}))
-    executor = KubernetesExecutor(image="i", kubeconfig=str(config), api_retries=0)
+    return str(config)
+
+
+async def test_unreachable_api_is_an_infra_error(tmp_path: Path) -> None:
+    executor = KubernetesExecutor(image="i", kubeconfig=_kubeconfig(tmp_path), api_retries=0)
     try:
         result = await executor.run(_spec())
     finally:
@@ -363,6 +370,103 @@ def test_node_loss_from_the_pod_and_from_the_node_watch_with_explicit_times() ->
     since, why = watcher.problem("n3", t0 + 7) or (0.0, "")
     assert since == t0 + 7 and "node n3 no longer exists" in why
     assert (watcher.problem("n3", t0 + 20) or (0.0, ""))[0] == t0 + 7
+
+
+# -- bounds in time, on a virtual clock -------------------------------------------------------
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop on a virtual clock: whenever no callback is ready, its time jumps to the
+    next timer. A wait of a minute takes none, and a bound in time is met exactly, whatever
+    the machine's load."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        loop = self
+
+        class Selector(selectors.DefaultSelector):
+            def select(self, timeout: float | None = None) -> Any:
+                ready = super().select(0)
+                if not ready and timeout is None:
+                    raise RuntimeError("every task waits, and no timer is set: a deadlock")
+                if not ready:
+                    loop.now += timeout or 0.0  # nothing to do until the next timer
+                return ready
+
+        super().__init__(Selector())
+
+    def time(self) -> float:
+        return self.now
+
+
+T0 = 1796032800.0  # 2026-11-30T10:00:00Z: the API server's clock at virtual time 0
+
+
+def _node(ready: str, since: float) -> dict[str, Any]:
+    stamp = datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"metadata": {"name": "n1"}, "status": {"conditions": [
+        {"type": "Ready", "status": ready, "reason": "NodeStatusUnknown",
+         "message": "Kubelet stopped posting node status.", "lastTransitionTime": stamp}]}}
+
+
+_RUNNING = {"metadata": {"name": "p", "uid": "u-1"}, "spec": {"nodeName": "n1"},
+            "status": {"phase": "Running", "initContainerStatuses": [
+                {"name": "agent", "state": {"running": {}}}]}}
+
+
+def _failed(status: str, error: str, permanent: bool = False) -> RolloutResult:
+    return RolloutResult(rollout_id="r", status=status,  # type: ignore[arg-type]
+                         error=error, permanent=permanent)
+
+
+@pytest.mark.parametrize("loss,cause", [
+    ("its node turns NotReady", "node n1 is NotReady (Unknown: NodeStatusUnknown"),
+    ("the node watch brings that 30 s late", "node n1 is NotReady (Unknown: NodeStatusUnknown"),
+    ("its node is deleted", "node n1 no longer exists"),
+    ("its phase turns Unknown", "phase Unknown (its node stopped reporting)"),
+])
+def test_node_loss_fails_the_attempt_at_its_bound_on_a_virtual_clock(
+        loss: str, cause: str, tmp_path: Path) -> None:
+    """A running Pod whose node is lost at 10 s fails at 10 s + node_lost_s: not a moment
+    before, and at it even when no event comes then (the bound counts from the loss)."""
+    loop = VirtualTimeLoop()
+
+    async def scenario() -> RolloutResult:
+        executor = KubernetesExecutor(image="i", kubeconfig=_kubeconfig(tmp_path),
+                                      node_lost_s=60)
+        executor.clock = lambda: T0 + loop.time()
+        nodes = NodeWatcher(api=None, resync_s=30)  # type: ignore[arg-type]  # state only
+        nodes.synced.set()
+        nodes.objects = {"n1": _node("True", T0)}
+        executor._nodes = nodes
+        queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        following = asyncio.create_task(executor._follow(
+            _spec(timeout_s=3600), "p", _RUNNING, queue, _failed))
+        await asyncio.sleep(10)
+        if loss == "its phase turns Unknown":
+            queue.put_nowait(("pod", {**_RUNNING, "status": {**_RUNNING["status"],
+                                                           "phase": "Unknown"}}))
+        else:  # what the Node watch does, then tells the Pods on that node
+            if loss == "its node is deleted":
+                del nodes.objects["n1"]
+            else:
+                nodes.objects["n1"] = _node("Unknown", T0 + 10)
+            if loss == "the node watch brings that 30 s late":
+                await asyncio.sleep(30)
+            queue.put_nowait(("node", _RUNNING))
+        await asyncio.sleep(69 - loop.time())
+        assert not following.done()  # 59 s after the loss: still running
+        result = await following
+        assert loop.time() == 70.0  # at the bound, exactly
+        return result
+
+    try:
+        result = loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+    assert result.status == "infra_error" and not result.permanent
+    assert f"lost with its node: {cause}" in (result.error or "")
+    assert "for 60s or more (node_lost_s)" in (result.error or "")
 
 
 async def test_a_shared_watch_lists_again_after_every_two_windows() -> None:

@@ -208,6 +208,9 @@ class KubernetesExecutor(Executor):
         self._waiting: dict[str, str] = {}  # Pod name -> what it waits for (progress line)
         self.stats: Counter[str] = Counter()
         self._calls: Counter[str] = Counter()
+        # Now, on the clock of the API server's timestamps (node loss is timed on it); the
+        # event loop's clock times the rest. A seam: tests run both on a virtual clock.
+        self.clock: Callable[[], float] = wall_clock
 
     def describe_sandbox(self) -> str:
         """One line for the run's header saying where rollouts run."""
@@ -515,7 +518,7 @@ class KubernetesExecutor(Executor):
                 self._waiting[name] = "image pull"
             else:
                 self._waiting.pop(name, None)
-            now = wall_clock()
+            now = self.clock()
             lost: tuple[float, str] | None = None
             if why := node_lost(last):
                 unknown_since = unknown_since or now
@@ -566,7 +569,7 @@ class KubernetesExecutor(Executor):
                 continue  # an older Pod that had the same name
             if kind == "gone":
                 node = (last.get("spec") or {}).get("nodeName", "")
-                gone = self._nodes.problem(node, wall_clock()) if self._nodes else None
+                gone = self._nodes.problem(node, self.clock()) if self._nodes else None
                 why = disruption(update) or disruption(last) or (gone[1] if gone else "") or \
                     "deleted by someone else, or its owner was garbage-collected"
                 return failed("infra_error", f"Pod {name} disappeared before it finished: {why}")
