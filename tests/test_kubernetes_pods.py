@@ -469,6 +469,50 @@ def test_node_loss_fails_the_attempt_at_its_bound_on_a_virtual_clock(
     assert "for 60s or more (node_lost_s)" in (result.error or "")
 
 
+class _PodUnderOurName:
+    """The calls `_replace` makes, answered on a virtual clock: the Pod stays until it is
+    force-deleted (its node does not answer), or goes at `ends_at` (its kubelet finishes a
+    graceful delete)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, ends_at: float | None = None) -> None:
+        self.loop, self.ends_at, self.there = loop, ends_at, True
+        self.calls: list[tuple[float, str, int | None]] = []
+
+    async def delete_pod(self, name: str, grace_s: int | None = None) -> bool:
+        self.calls.append((self.loop.time(), "delete Pod", grace_s))
+        self.there = self.there and grace_s != 0
+        return True
+
+    async def read_pod(self, name: str) -> dict[str, Any] | None:
+        if self.ends_at is not None and self.loop.time() >= self.ends_at:
+            self.there = False
+        return {"metadata": {"name": name}} if self.there else None
+
+    async def delete_secret(self, name: str) -> bool:
+        self.calls.append((self.loop.time(), "delete Secret", None))
+        return True
+
+
+@pytest.mark.parametrize("ends_at", [None, 2.2])
+def test_a_pod_under_our_name_is_deleted_gracefully_then_forced_on_a_virtual_clock(
+        ends_at: float | None, tmp_path: Path) -> None:
+    loop = VirtualTimeLoop()
+    executor = KubernetesExecutor(image="i", kubeconfig=_kubeconfig(tmp_path), backoff_s=0.5,
+                                  termination_grace_s=5, force_delete_after_s=10)
+    pod = _PodUnderOurName(loop, ends_at)
+    try:
+        loop.run_until_complete(executor._replace(pod, "p", node="n1"))  # type: ignore[arg-type]
+    finally:
+        loop.close()
+    if ends_at is None:  # graceful first; forced only 5 + 10 s later; the Secret after it
+        assert pod.calls == [(0.0, "delete Pod", None), (15.0, "delete Pod", 0),
+                             (15.0, "delete Secret", None)]
+        assert executor.stats["force_deleted"] == 1
+    else:  # gone at the first look (every backoff_s) after its kubelet finished: no force
+        assert pod.calls == [(0.0, "delete Pod", None), (2.5, "delete Secret", None)]
+        assert executor.stats["force_deleted"] == 0
+
+
 async def test_a_shared_watch_lists_again_after_every_two_windows() -> None:
     """The informer's cycle, window by window: each watch here ends as a server ends a
     window (after one event), so no clock is involved."""
