@@ -7,8 +7,13 @@ stand-in's knobs (fault injection, node loss, eviction...) or its process view a
 there.
 
 Every scenario ends with 0 Pods and 0 Secrets of its run left, and (stand-in) 0 container
-processes. No bound here depends on how fast the machine is: waits have generous hang
-guards, and what is asserted are counts, orders and causes.
+processes. No bound here depends on how fast the machine is: what is asserted are counts,
+orders and causes. Every wait has a generous hang guard (`HANG_GUARD_S`), and so has every
+budget a scenario is not about (a Pod's pending time, the grace before a force delete); a
+state that may last only a moment is read from a watch begun before it (`first_seen`), not
+looked for between polls; watches are counted list by list, not per second. Bounds in time
+(node loss at `node_lost_s`, the force delete after the grace period, Retry-After) are
+checked exactly on a virtual clock in test_kubernetes_pods.py.
 """
 
 from __future__ import annotations
@@ -379,6 +384,7 @@ async def test_quota_refusals_wait_for_capacity_without_burning_tries(
             await asyncio.sleep(0.05)
         assert executor.progress() == "1 waiting for quota"  # what the progress line shows
         while executor.stats["waited for quota"] < 3:  # refused, backed off, asked again
+            assert time.monotonic() < deadline and not task.done(), "never asked again"
             await asyncio.sleep(0.05)
         cluster.standin.set_pod_quota(None)  # capacity comes back
         result = await task

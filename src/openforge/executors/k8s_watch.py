@@ -1,12 +1,12 @@
 """Shared watches: one on the run's Pods, fanned out to the waiting rollouts, one on Nodes.
 
 A watch per Pod would cost the API server a connection per rollout; instead one
-label-selector watch covers the run's Pods (and one watch covers the cluster's Nodes, to
-see a node that is lost). Each `Informer` lists, then watches from the list's
-resourceVersion in at most two windows of `resync_s / 2` (the second resumes from the last
-version seen), then lists again: so it opens at most two watches per list, however slow the
-machine, and a missed event is repaired at the next list. A 410 Gone (history too old) or
-a broken stream starts the next list at once.
+label-selector watch covers each run's Pods (and one watch per executor covers the
+cluster's Nodes, to see a node that is lost). Each `Informer` lists, then watches from the
+list's resourceVersion in at most two windows of `resync_s / 2` (the second resumes from
+the last version seen), then lists again: so it opens at most two watches per list, however
+slow the machine, and a missed event is repaired at the next list. A 410 Gone (history too
+old) or a broken stream starts the next list at once.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ verifier whose termination message is the only result the executor reads (`k8s_r
 That result is taken only when signed with the attempt's key (`protocol.scoring_result_key`)
 and naming the spec's rollout, task, attempt and session (`protocol.check_result`).
 
-Following a Pod: one shared watch per run (`k8s_watch`) fans updates out to the waiting
-rollouts; a Node watch sees a lost node. The executor tells apart what a real cluster does
+Following a Pod: one shared watch per run, on the run's Pods (label-selected, `k8s_watch`),
+fans updates out to the waiting rollouts; one Node watch per executor sees a lost node. The executor tells apart what a real cluster does
 to Pods, and labels each: a permanent image-pull failure ends the attempt for good (no
 retry), a transient one is waited out up to `image_pull_timeout_s`; a ResourceQuota or an
 admission policy that refuses the Pod is waited out with back-off up to
@@ -17,11 +17,12 @@ NotReady, gone, or a Pod in phase Unknown fails the attempt after `node_lost_s`,
 an eviction, a deadline, an OOM kill or a preemption is reported as such, not as the exit
 code it caused.
 
-Deletion is graceful first: a finished attempt's Secret is deleted (batched: one
+Deletion is graceful first, always: a finished attempt's Secret is deleted (batched: one
 deletecollection for many attempts) and the garbage collector deletes its Pod; a Pod still
-running gets a graceful delete and is waited for; only a Pod still there after its grace
-period (a node that does not answer) is force-deleted, and that is logged: its containers
-may still run.
+running, or one found under an attempt's name that something else made, gets a graceful
+delete and is waited for; only a Pod still there `termination_grace_s +
+force_delete_after_s` later (a node that does not answer) is force-deleted, and that is
+logged: its containers may still run.
 
 Cleanup layers: the above in `finally` (also on cancellation); a label sweep of the run's
 Pods and Secrets at start (after the adoption window) and at close;
