@@ -8,14 +8,14 @@ That result is taken only when signed with the attempt's key (`protocol.scoring_
 and naming the spec's rollout, task, attempt and session (`protocol.check_result`).
 
 Following a Pod: one shared watch per run, on the run's Pods (label-selected, `k8s_watch`),
-fans updates out to the waiting rollouts; one Node watch per executor sees a lost node. The executor tells apart what a real cluster does
-to Pods, and labels each: a permanent image-pull failure ends the attempt for good (no
-retry), a transient one is waited out up to `image_pull_timeout_s`; a ResourceQuota or an
-admission policy that refuses the Pod is waited out with back-off up to
-`admission_wait_s` (shown in the run's progress line, never burning tries); a node that is
-NotReady, gone, or a Pod in phase Unknown fails the attempt after `node_lost_s`, saying so;
-an eviction, a deadline, an OOM kill or a preemption is reported as such, not as the exit
-code it caused.
+fans updates out to the waiting rollouts; one Node watch per executor sees a lost node.
+The executor tells apart what a real cluster does to Pods, and labels each: a permanent
+image-pull failure ends the attempt for good (no retry), a transient one is waited out up
+to `image_pull_timeout_s`; a ResourceQuota or an admission policy that refuses the Pod is
+waited out with back-off up to `admission_wait_s` (shown in the run's progress line, never
+burning tries); a node that is NotReady, gone, or a Pod in phase Unknown fails the attempt
+after `node_lost_s`, saying so; an eviction, a deadline, an OOM kill or a preemption is
+reported as such, not as the exit code it caused.
 
 Deletion is graceful first, always: a finished attempt's Secret is deleted (batched: one
 deletecollection for many attempts) and the garbage collector deletes its Pod; a Pod still
