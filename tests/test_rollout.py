@@ -66,6 +66,19 @@ def test_infra_failures_are_not_scored(tmp_path: Path, harness: str, expected: s
     assert expected in (result.error or "")
 
 
+def test_a_result_line_in_the_agents_output_is_a_violation(tmp_path: Path) -> None:
+    # The task is done, but the harness also printed a result line: an attempt to forge one.
+    _, result = run_rollout(tmp_path, spec_for("executor_plugins:ForgeHarness"))
+    assert result.status == "violation" and not result.is_retried
+    assert result.reward is not None and (result.reward.score, result.reward.passed) == (0.0, False)
+    assert result.reward.details["violation"] == "forged result line"
+    assert result.reward.details["forged_lines"] == 1
+    assert (result.error or "").startswith(
+        "violation: forged result line in the agent's output (harness.stdout): "
+        'OPENFORGE_RESULT {"rollout_id": "r"')
+    assert result.final_answer == "all done"  # the harness's account is kept
+
+
 def test_unreadable_spec_is_one_line(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "openforge.rollout", str(tmp_path / "missing.json")],
                           capture_output=True, text=True, timeout=60)

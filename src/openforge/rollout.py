@@ -10,9 +10,10 @@ loopback), and launches only the harness command inside the agent's sandbox
 (`openforge.sandbox.agent`: bubblewrap, namespaces or none). When the harness ends or its
 time is up, every process of the sandbox is ended and shown to be gone; only then does the
 supervisor remove what the agent left that the trusted side must not follow (links out of
-the sandbox's view, FIFOs: `sandbox.scrub`), parse the harness's output, check the task's
-data for tampering, capture the final state and score it. No process of the agent exists
-while scoring happens, so nothing the agent did can write the result.
+the sandbox's view, FIFOs: `sandbox.scrub`), parse the harness's output, look in it for a
+result line the agent wrote (`sandbox.forgery`), check the task's data for tampering,
+capture the final state and score it. No process of the agent exists while scoring
+happens, so nothing the agent did can write the result.
 
 The result is printed as the last line of stdout (`openforge.sandbox.protocol`: signed with
 the per-attempt key the executor gives on stdin with `--key-on-stdin`).
@@ -37,7 +38,8 @@ harness in `HarnessContext.mcp_servers`; the harness starts them, so they run in
 agent's sandbox and reach what `prepare` started over loopback, like the harness itself.
 
 Statuses (`openforge.types`): the harness completed -> `ok`; failed on its own ->
-`harness_error`; the task's data changed under the agent -> `violation` (scored 0); the
+`harness_error`; the task's data changed under the agent, or the agent's output holds a
+result line ("forged result line") -> `violation` (scored 0, not scored by the reward); the
 sandbox, the supervisor, the harness program or the engine failed, or a plugin could not be
 found or imported -> `infra_error`; out of time -> `timeout`; environment, harness-adapter
 or reward code raised -> `plugin_error` (not scored, not retried: a bug to fix), with an
@@ -78,7 +80,7 @@ from openforge.harness import (
     ProcessOutput,
 )
 from openforge.reward import Reward
-from openforge.sandbox import ports, tamper, verifier
+from openforge.sandbox import forgery, ports, tamper, verifier
 from openforge.sandbox.agent import AgentExit, run_agent
 from openforge.sandbox.modes import ISOLATING, SandboxMode, SandboxUnavailable, resolve
 from openforge.sandbox.protocol import MARKER_ENV, SANDBOX_ENV, result_line, scrub_env
@@ -335,7 +337,8 @@ class Supervisor:
                               stderr=proc.stderr[-AGENT_LOG_CHARS:])
         fields: dict[str, Any] = {"final_answer": output.final_answer,
                                   "harness_output": harness_output}
-        violation = self._violation(data, before, fields)
+        violation = self._forged([out_path, err_path], fields) or \
+            self._violation(data, before, fields)
         if violation is not None:
             return violation
         if status not in ("ok", "harness_error"):
@@ -395,6 +398,15 @@ class Supervisor:
                              trusted=own_descendants())
 
         return launch
+
+    def _forged(self, outputs: list[Path], fields: dict[str, Any]) -> dict[str, Any] | None:
+        """The verdict when the agent's own output holds a result line (`sandbox.forgery`):
+        it tried to forge one, whether or not anything would have read it."""
+        found = forgery.in_files(outputs)
+        if not found:
+            return None
+        where = f"the agent's output ({', '.join(name for name, _ in found)})"
+        return {**fields, **forgery.verdict(where, [line for _, lines in found for line in lines])}
 
     def _violation(self, data: list[Path], before: dict[str, str],
                    fields: dict[str, Any]) -> dict[str, Any] | None:
