@@ -85,7 +85,7 @@ from openforge.sandbox.agent import AgentExit, run_agent
 from openforge.sandbox.modes import ISOLATING, SandboxMode, SandboxUnavailable, resolve
 from openforge.sandbox.protocol import MARKER_ENV, SANDBOX_ENV, result_line, scrub_env
 from openforge.sandbox.relay import Relay
-from openforge.sandbox.scrub import scrub
+from openforge.sandbox.scrub import scrub_agent
 from openforge.sandbox.view import View, build_view
 from openforge.types import Call, RewardResult, RolloutResult, RolloutSpec, RolloutStatus
 
@@ -321,7 +321,7 @@ class Supervisor:
         # (nothing that runs while we score can add one), and what it left is made safe.
         self.stage = "sealing the session"
         seal_session(spec)
-        removed = scrub(dirs["AGENT"], view.sources(), view.masks)
+        removed = scrub_agent(dirs["AGENT"], view)
         proc = ProcessOutput(returncode=exit_.returncode, stdout=_tail(out_path, 200_000),
                              stderr=_tail(err_path, max(20_000, AGENT_LOG_CHARS)),
                              timed_out=exit_.timed_out, duration_s=exit_.duration_s)

@@ -10,6 +10,8 @@ would carry that file into the result. A FIFO would hang whoever opens it.
 `scrub` removes, before any of that code runs, every symbolic link whose target resolves
 outside what the agent could see anyway (its own folder and the read-only view), and every
 FIFO, socket or device node; it returns what it removed (reported in the result).
+`scrub_agent` does it for all the agent could write: its folder and, where that is a folder
+of its own (a Pod's workspace volume), its workspace.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from openforge.sandbox.view import View
 
 
 def _inside(path: str, roots: list[str]) -> bool:
@@ -52,3 +58,14 @@ def scrub(folder: Path, visible: Iterable[str], masked: Iterable[str] = ()) -> l
             except OSError:
                 continue
     return removed
+
+
+def scrub_agent(agent_dir: Path, view: View) -> list[str]:
+    """`scrub` of all the agent could write: its folder, and its workspace (the view's `cwd`)
+    when that is a folder of its own (a Pod's workspace volume, beside the agent's)."""
+    folders = [os.path.realpath(agent_dir)]
+    workspace = os.path.realpath(view.cwd)
+    if not _inside(workspace, folders):
+        folders.append(workspace)
+    visible = [*view.sources(), *folders]
+    return [why for folder in folders for why in scrub(Path(folder), visible, view.masks)]
