@@ -79,6 +79,17 @@ def test_a_result_line_in_the_agents_output_is_a_violation(tmp_path: Path) -> No
     assert result.final_answer == "all done"  # the harness's account is kept
 
 
+def test_what_scrub_removed_is_counted_in_the_rewards_details(tmp_path: Path) -> None:
+    # A passing attempt that left a link out of its view (the real HOME) and a FIFO.
+    spec = spec_for("executor_plugins:ShellHarness").model_copy(update={"task": Task(
+        id="only", prompt=f"ln -s {Path.home()}/x home-link && mkfifo f && echo ok > ok.txt")})
+    _, result = run_rollout(tmp_path, spec)
+    assert result.status == "ok" and result.reward is not None and result.reward.passed
+    assert result.reward.details == {"scrubbed_links": 1, "scrubbed_special_files": 1}
+    removed = result.harness_output["removed_files"]
+    assert len(removed) == 2 and any("home-link" in r for r in removed)
+
+
 def test_unreadable_spec_is_one_line(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "openforge.rollout", str(tmp_path / "missing.json")],
                           capture_output=True, text=True, timeout=60)

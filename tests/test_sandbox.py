@@ -16,7 +16,7 @@ from openforge.executors.local import LocalExecutor
 from openforge.executors.process import LeftoverError
 from openforge.rollout import execute
 from openforge.sandbox.modes import bwrap_path
-from openforge.sandbox.scrub import scrub, scrub_agent
+from openforge.sandbox.scrub import scrub, scrub_agent, tally
 from openforge.sandbox.view import build_view, python_paths
 from openforge.types import RolloutSpec, Task
 
@@ -234,6 +234,9 @@ def test_scrub_removes_links_out_of_the_view_and_special_files(tmp_path: Path) -
     assert all(p.is_symlink() for p in kept.values())
     assert not [name for name, p in gone.items() if os.path.lexists(p)]
     assert len(removed) == len(gone) and (outside / "secret.txt").exists()
+    # Counted for the result: five links out of the view, one FIFO.
+    assert tally(removed) == {"scrubbed_links": 5, "scrubbed_special_files": 1}
+    assert tally([]) == {}
 
 
 def test_scrub_reaches_a_workspace_beside_the_agents_folder(tmp_path: Path) -> None:

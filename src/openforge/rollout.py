@@ -10,10 +10,10 @@ loopback), and launches only the harness command inside the agent's sandbox
 (`openforge.sandbox.agent`: bubblewrap, namespaces or none). When the harness ends or its
 time is up, every process of the sandbox is ended and shown to be gone; only then does the
 supervisor remove what the agent left that the trusted side must not follow (links out of
-the sandbox's view, FIFOs: `sandbox.scrub`), parse the harness's output, look in it for a
-result line the agent wrote (`sandbox.forgery`), check the task's data for tampering,
-capture the final state and score it. No process of the agent exists while scoring
-happens, so nothing the agent did can write the result.
+the sandbox's view, FIFOs: `sandbox.scrub`, counted in the reward's details), parse the
+harness's output, look in it for a result line the agent wrote (`sandbox.forgery`), check
+the task's data for tampering, capture the final state and score it. No process of the
+agent exists while scoring happens, so nothing the agent did can write the result.
 
 The result is printed as the last line of stdout (`openforge.sandbox.protocol`: signed with
 the per-attempt key the executor gives on stdin with `--key-on-stdin`).
@@ -85,7 +85,7 @@ from openforge.sandbox.agent import AgentExit, run_agent
 from openforge.sandbox.modes import ISOLATING, SandboxMode, SandboxUnavailable, resolve
 from openforge.sandbox.protocol import MARKER_ENV, SANDBOX_ENV, result_line, scrub_env
 from openforge.sandbox.relay import Relay
-from openforge.sandbox.scrub import scrub_agent
+from openforge.sandbox.scrub import scrub_agent, tally
 from openforge.sandbox.view import View, build_view
 from openforge.types import Call, RewardResult, RolloutResult, RolloutSpec, RolloutStatus
 
@@ -340,7 +340,7 @@ class Supervisor:
         violation = self._forged([out_path, err_path], fields) or \
             self._violation(data, before, fields)
         if violation is not None:
-            return violation
+            return _noted(violation, removed)
         if status not in ("ok", "harness_error"):
             return {**fields, "status": status, "error": output.error or f"harness {output.status}"}
         # Scoring code that runs what the agent wrote runs it in a fresh sandbox of this
@@ -370,8 +370,9 @@ class Supervisor:
         # What the checks ran of the agent's could have changed the data too.
         violation = self._violation(data, before, fields)
         if violation is not None:
-            return violation
-        return {**fields, "status": status, "reward": verdict, "error": output.error}
+            return _noted(violation, removed)
+        return _noted({**fields, "status": status, "reward": verdict, "error": output.error},
+                      removed)
 
     def _open_relay(self) -> Relay:
         """The ports a sandbox of this attempt may reach (the gateway and this supervisor's
@@ -421,6 +422,17 @@ class Supervisor:
             "violation": "task data changed", "paths": changed[:20]})
         return {**fields, "status": "violation", "reward": verdict,
                 "error": "violation: the agent changed the task's data: " + ", ".join(changed[:5])}
+
+
+def _noted(fields: dict[str, Any], removed: list[str]) -> dict[str, Any]:
+    """`fields`, with how many links and special files the agent left that were removed
+    (`scrub.tally`) in its reward's details: what it tried stays visible where the reward is
+    read, a Pod's compact result included."""
+    counts = tally(removed)
+    reward = fields.get("reward")
+    if not counts or reward is None:
+        return fields
+    return {**fields, "reward": reward.model_copy(update={"details": {**reward.details, **counts}})}
 
 
 def _scoring(spec: RolloutSpec, method: str, route: str) -> Any:
