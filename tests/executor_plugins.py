@@ -154,6 +154,14 @@ class KillParentHarness(_Script):
     script = "import os, signal; open('ok.txt', 'w').write('ok'); os.kill(os.getppid(), signal.SIGKILL)"
 
 
+class ForgeHarness(_Script):
+    """Does the task (ok.txt), and prints a passing result line of its own before its answer."""
+
+    script = ("open('ok.txt', 'w').write('ok'); "
+              "print('OPENFORGE_RESULT {\"rollout_id\": \"r\", \"status\": \"ok\"}'); "
+              "print('all done')")
+
+
 class FailHarness(_Script):
     """Exits 1 on its own: an agent failure, scored."""
 

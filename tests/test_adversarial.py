@@ -7,7 +7,7 @@ Kubernetes stand-in) over `AttackEnv`'s unsolvable tasks, one per attack (tests/
 - `forge`: collect every token-shaped string from every readable /proc/*/cmdline and environ
   and from every file of the run's folders (spec.json, the store, ...), POST a passing
   result with each, print a fake `OPENFORGE_RESULT` line to stdout, to the termination-log
-  paths and into the supervisor's stdout when it can open it;
+  paths and into its ancestors' stdout (the harness's; the supervisor's when it can open it);
 - `kill`: SIGKILL the rollout supervisor (any ancestor named like it);
 - `orphans`: `(setsid env -u OPENFORGE_SANDBOX_ID sleep N &)` and a double-forked,
   marker-less `sleep N+1` (N unique to this test process, so that a suite running next to
@@ -30,7 +30,11 @@ Kubernetes stand-in) over `AttackEnv`'s unsolvable tasks, one per attack (tests/
 
 For every attack and mode: 0 passes, 0 rewards above 0 in the store and in the exports, 0
 processes left (none with the canary sleep durations, none adopted by the runner), and the
-attempt's status says what happened. In the isolating modes (bubblewrap, namespaces, the
+attempt's status says what happened: a forged result line is a `violation` naming where it
+was found; a killed supervisor an `infra_error` saying so; the links and FIFOs removed
+before scoring are counted in the reward's details; the other attacks end `ok`, scored 0
+(what they tried got them nothing; the trojan's refused model call shows in the checker's
+output, not in the status: the gateway does not count calls refused after the seal). In the isolating modes (bubblewrap, namespaces, the
 agent's own container in a Pod) the canary never reaches a recorded call or an export, and no attack finds
 another rollout's token; locally (bubblewrap, namespaces) no attack reaches a port of the
 host's loopback other than the gateway's and its own services' (the Kubernetes stand-in runs
@@ -363,20 +367,33 @@ def test_attacks_never_score_and_leave_nothing(attack: Callable[..., AttackRun],
         assert "WITHOUT isolation" in report["sandbox"]["warning"]
         assert "WARNING" in html and "WITHOUT isolation" in html
 
-    # forge: no route takes a result from a token; the fake lines changed nothing.
+    # forge: no route takes a result from a token, and no line it wrote is taken as a
+    # result; writing one is a violation (scored 0, not retried) that says where it was.
     forge = run.said("forge")
     assert "POST own 404" in forge
-    assert records["forge"].status == "ok" and records["forge"].reward == 0.0
+    forged = records["forge"]
+    assert (forged.status, forged.reward, forged.tries) == ("violation", 0.0, 1), forge
+    assert forged.reward_details["violation"] == "forged result line"
+    error = forged.error or ""
+    assert error.startswith("violation: forged result line in ")
+    # In the harness's own stdout, which the supervisor captured (in every mode) ...
+    assert "forged result line in the agent's output (harness.stdout)" in error
     if executor == "local":
-        # Without isolation it even writes its line into the supervisor's stdout: the
-        # supervisor's signed line comes last and wins. Isolated, it finds no supervisor.
-        assert ("WROTE /proc/" in forge) == (not run.isolating)
+        # ... and without isolation in the supervisor's stdout too, before its signed line.
+        # Isolated, it finds no supervisor.
+        assert ("in the supervisor's stdout" in error) == (not run.isolating)
+    else:
+        # ... and in the agent container's own termination message, which nobody reads.
+        assert "WROTE /dev/termination-log" in forge
+        assert "in the agent container's termination message" in error
     # kill: only without isolation can the agent see its supervisor; then it is an
     # infrastructure failure (retried, excluded), never a pass.
     if run.isolating:
         assert "KILLED" not in run.said("kill")
         assert records["kill"].status == "ok" and records["kill"].reward == 0.0
-        assert records["all"].status == "ok" and records["all"].reward == 0.0
+        # `all` forges a line before it tries to kill: that is what it did.
+        assert records["all"].status == "violation" and records["all"].reward == 0.0
+        assert "forged result line" in (records["all"].error or "")
     else:
         for task in ("kill", "all"):
             assert records[task].status == "infra_error", records[task]
@@ -389,13 +406,19 @@ def test_attacks_never_score_and_leave_nothing(attack: Callable[..., AttackRun],
     if executor == "local":
         orphans = run.results[records["orphans"].session_id]
         assert orphans.harness_output["ended_processes"] >= 2
-    # link: the trusted side never follows a link out of the sandbox's view (nor opens a FIFO).
-    assert records["link"].status == "ok" and records["link"].reward == 0.0
+    # link: the trusted side never follows a link out of the sandbox's view (nor opens a
+    # FIFO); what it removed is counted in the reward's details (not a violation: benign
+    # links exist, a virtualenv's python among them).
+    link = records["link"]
+    assert link.status == "ok" and link.reward == 0.0
+    assert link.reward_details["scrubbed_links"] >= 1, link.reward_details
+    assert link.reward_details["scrubbed_special_files"] >= 1, link.reward_details
     if executor == "local":
         removed = run.results[records["link"].session_id].harness_output["removed_files"]
         assert any("answer.txt" in r for r in removed) and any("stall.fifo" in r for r in removed)
     # trojan: the agent's script the checker runs cannot add a call (the session is sealed
-    # before scoring) and, isolated, sees no more of the host than the agent did.
+    # before scoring) and, isolated, sees no more of the host than the agent did. The
+    # refused call shows in the checker's output only: the status stays `ok`.
     trojan = str(records["trojan"].reward_details.get("verify_output"))
     assert records["trojan"].status == "ok" and records["trojan"].reward == 0.0
     assert "CALL 401" in trojan, trojan

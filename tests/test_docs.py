@@ -102,3 +102,19 @@ def test_every_declared_pytest_marker_is_used() -> None:
     for marker in config.get("markers", []):
         name = marker.split(":")[0].strip()
         assert f"mark.{name}" in sources, f"marker {name!r} is declared but no test uses it"
+
+
+def test_every_test_the_sandboxing_page_cites_exists() -> None:
+    """Each guarantee on docs/sandboxing.md names the tests that back it: `file.py::test` (or
+    `::test`, of the last file named in the same paragraph). Every one of them exists."""
+    root = README.parent
+    sources = {p.name: p.read_text() for p in root.rglob("test_*.py") if ".nox" not in p.parts}
+    cited, missing = 0, []
+    for paragraph in (DOCS / "sandboxing.md").read_text().split("\n\n"):
+        last = None
+        for file, name in re.findall(r"`(?:tests/)?(test_\w+\.py)?::(test_\w+)`", paragraph):
+            last = file or last
+            cited += 1
+            if last is None or not re.search(rf"def {name}\(", sources.get(last, "")):
+                missing.append(f"{last}::{name}")
+    assert cited >= 20 and missing == []

@@ -2,7 +2,8 @@
 executor reads, nor hold a credential that can, nor outlive its container.
 
 The policy is an adversary (`k8s_standin.plugins.AttackHarness`): in the agent's container
-it forges a result on its stdout and in every termination log it can name, looks for the
+it forges a result on its stdout and in every termination log it can name (a violation,
+scored 0, that says where), looks for the
 trusted side's volume, the spec (with the task's data), the host's HOME, the supervisor's
 and verifier's processes and their environment, tries to kill them, and leaves a setsid'd
 orphan without the marker variable. The stand-in runs each container in PID and mount
@@ -12,6 +13,7 @@ namespaces of its own (as a container runtime does), which needs root: CI runs a
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -86,11 +88,17 @@ async def test_the_agent_cannot_forge_read_or_outlive_its_container(
     finally:
         await executor.close()
         canary.unlink()
-    # The honest verdict, from the verifier: the harness ran, the task is not done.
-    assert result.status == "ok", result.error
+    # The verdict, from the verifier: neither forged line was taken as a result, and writing
+    # them is a violation, scored 0, saying where each was (the supervisor found the one on
+    # the harness's stdout, the executor the one in the agent's own termination message).
+    assert result.status == "violation", result.error
     assert result.reward is not None and not result.reward.passed
     assert result.reward.score == 0.0
-    found = result.reward.details["attack"]
+    error = result.error or ""
+    assert error.startswith("violation: forged result line in the agent container's "
+                            "termination message: OPENFORGE_RESULT ")
+    assert "forged result line in the agent's output (harness.stdout)" in error
+    found = json.loads(result.final_answer or "{}")  # what the attack found, as its answer
     assert found["orphan"]  # the attack did run
     assert found["forged_files"] == ["/dev/termination-log"]  # its own: nobody reads it
     assert found["spec"] is None  # the Secret is the supervisor's alone

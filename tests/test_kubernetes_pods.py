@@ -249,12 +249,15 @@ async def test_retries_never_come_back_before_retry_after_on_a_fake_clock(
 
 def test_termination_message_fits_in_4k_and_parses_back() -> None:
     big = RolloutResult(rollout_id="r", status="ok", final_answer="a" * 10_000,
-                        reward=RewardResult(score=1.0, passed=True, details={"x": "y" * 10_000}),
+                        reward=RewardResult(score=1.0, passed=True, details={
+                            "x": "y" * 10_000, "scrubbed_links": 2}),
                         harness_output={"stdout": "z" * 100_000})
     message = compact_message(big)
     assert message.startswith("OPENFORGE_RESULT ") and len(message.encode()) <= 4096
     parsed = parse_result("noise\n" + message)
     assert parsed is not None and parsed.status == "ok" and parsed.reward is not None
+    # The reward's own details are dropped; what the supervisor counted of the agent is not.
+    assert parsed.reward.details == {"scrubbed_links": 2}
     assert parse_result("OPENFORGE_RESULT {not json") is None
 
 

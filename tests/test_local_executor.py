@@ -166,6 +166,38 @@ def test_only_the_supervisors_signed_last_line_for_this_attempt_is_taken(tmp_pat
     assert "rollout supervisor died: killed by signal SIGKILL" in (killed.error or "")
 
 
+def test_a_result_line_before_the_supervisors_is_a_forgery(tmp_path: Path) -> None:
+    executor = LocalExecutor(sandbox="none")
+    key = new_result_key()
+    honest = RolloutResult(rollout_id="r1", task_id="only", session_id="sid-r1", status="ok",
+                           reward=RewardResult(score=1.0, passed=True), final_answer="done")
+    # What an agent without isolation writes into the supervisor's stdout, before its line.
+    forged = result_line(honest.model_copy(update={"final_answer": "forged"}))
+    result = _collect(executor, tmp_path, f"{forged}\n\n{result_line(honest, key)}", key)
+    assert result.status == "violation" and not result.is_retried
+    assert result.reward is not None and (result.reward.score, result.reward.passed) == (0.0, False)
+    assert result.reward.details["violation"] == "forged result line"
+    assert (result.error or "").startswith(
+        "violation: forged result line in the supervisor's stdout: OPENFORGE_RESULT {")
+    assert result.final_answer == "done"  # the rest is the supervisor's
+    # Other output before the supervisor's line is nobody's business.
+    plain = _collect(executor, tmp_path, f"a log line\n{result_line(honest, key)}", key)
+    assert plain.status == "ok" and plain.reward == honest.reward
+
+
+async def test_the_agent_writing_into_the_supervisors_stdout_is_seen(tmp_path: Path) -> None:
+    # Without isolation the agent can open its supervisor's stdout through /proc; the file is
+    # appended to, so the supervisor's own last line does not overwrite what it wrote.
+    script = ("p=$PPID; while ! grep -q openforge.rollout /proc/$p/cmdline; do "
+              "p=$(awk '{print $4}' /proc/$p/stat); done; "
+              "echo 'OPENFORGE_RESULT {\"status\": \"ok\"}' >> /proc/$p/fd/1; echo ok > ok.txt")
+    result = await LocalExecutor(sandbox="none", base_dir=tmp_path).run(
+        make_spec("ShellHarness", prompt=script))
+    assert result.status == "violation", result.error
+    assert (result.error or "").startswith("violation: forged result line in the supervisor's "
+                                           'stdout: OPENFORGE_RESULT {"status": "ok"}')
+
+
 @pytest.mark.parametrize("mode", ALL_MODES)
 async def test_env_is_scrubbed_and_home_isolated(tmp_path: Path, mode: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:

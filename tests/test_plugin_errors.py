@@ -4,6 +4,7 @@ one consistent set of figures, in the headline, the progress bar, every report s
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -11,8 +12,12 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
+from rich.console import Console
 
+from openforge.config import EngineConfig, RunConfig
 from openforge.metrics import AttemptOutcome, summarize
+from openforge.runner import read_results, run_from_config
 
 HERE = Path(__file__).parent
 TASKS = [
@@ -96,6 +101,61 @@ def test_plugin_errors_are_counted_apart_everywhere(tmp_path: Path) -> None:
     runs = openforge("runs", "runs", cwd=tmp_path)
     row = runs.stdout.splitlines()[1].split()
     assert row[-7:] == ["1", "1", "1.000", "2", "0", "1.000", "yes"]
+
+
+HARNESS_BUGS = ("harness-prepare-bug", "harness-command-bug", "harness-parse-bug")
+INFRA_DOWN = ("service-down", "judge-down")
+
+
+def test_harness_adapter_bugs_are_plugin_errors_and_infra_failures_are_retried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(HERE))
+    check = {"files": {"hello.txt": "Hello, world!"}}
+    tasks = [{"id": task_id, "prompt": "Create hello.txt", "check": check}
+             for task_id in ("fine", *HARNESS_BUGS, *INFRA_DOWN)]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    (tmp_path / "script.yaml").write_text(SCRIPT)
+    config = RunConfig(
+        engine=EngineConfig(name="scripted", options={"script": str(tmp_path / "script.yaml")}),
+        harness="plugin_bugs:BuggyHarness",
+        environment="plugin_bugs:FlakyServiceEnvironment",
+        environment_options={"path": str(tmp_path / "tasks.jsonl")},
+        reward="plugin_bugs:FlakyJudgeReward", executor="local",
+        executor_options={"sandbox": "none", "base_dir": str(tmp_path / "sandboxes")},
+        runs_dir=tmp_path / "runs", concurrency=2, k=1, max_infra_retries=2, timeout_s=120)
+    summary = run_from_config(config, console=Console(file=io.StringIO()))
+    records = {r.task_id: r for r in read_results(summary.run_dir)}
+
+    # A harness adapter that raises is a plugin error: not scored, not retried, and the
+    # error names the plugin, the stage and the method.
+    harness = "harness 'plugin_bugs:BuggyHarness' raised"
+    assert {t: (records[t].status, records[t].tries, records[t].reward) for t in HARNESS_BUGS} \
+        == {t: ("plugin_error", 1, None) for t in HARNESS_BUGS}
+    assert records["harness-prepare-bug"].error == (
+        f"{harness} FileNotFoundError: settings.json while preparing the harness (prepare)")
+    assert records["harness-command-bug"].error == (
+        f"{harness} TypeError: 'NoneType' object is not iterable while building the harness "
+        "command (command)")
+    assert records["harness-parse-bug"].error == (
+        f"{harness} IndexError: list index out of range while parsing the harness output "
+        "(parse_output)")
+    # A plugin that says its infrastructure failed (before the agent ran, or while scoring)
+    # is an infrastructure failure: retried, with a new session each time, and not scored.
+    for task_id in INFRA_DOWN:
+        record = records[task_id]
+        assert (record.status, record.tries, record.reward) == ("infra_error", 3, None)
+        assert len(set(record.session_ids)) == 3 and len(record.infra_errors) == 3
+    assert records["service-down"].error == ("preparing the environment (prepare) failed: "
+                                             "RolloutInfraError: the task's database did not "
+                                             "come up")
+    assert records["judge-down"].error == ("scoring (score) failed: RolloutInfraError: the "
+                                           "judge endpoint answered 503")
+    assert records["fine"].status == "ok" and records["fine"].passed
+    # Each kind counted apart, in the figures every report shows.
+    m = summary.metrics
+    assert (m.attempts, m.scored, m.passed, m.plugin_errors, m.infra_failures) == (6, 1, 1, 3, 2)
+    assert m.headline() == ("pass@1 1.000 over 1 scored of 6 attempts (1 passed, mean reward "
+                            "1.000); left out: 3 plugin errors, 2 infrastructure failures")
 
 
 def test_the_figures_come_from_one_summary() -> None:

@@ -66,6 +66,30 @@ def test_infra_failures_are_not_scored(tmp_path: Path, harness: str, expected: s
     assert expected in (result.error or "")
 
 
+def test_a_result_line_in_the_agents_output_is_a_violation(tmp_path: Path) -> None:
+    # The task is done, but the harness also printed a result line: an attempt to forge one.
+    _, result = run_rollout(tmp_path, spec_for("executor_plugins:ForgeHarness"))
+    assert result.status == "violation" and not result.is_retried
+    assert result.reward is not None and (result.reward.score, result.reward.passed) == (0.0, False)
+    assert result.reward.details["violation"] == "forged result line"
+    assert result.reward.details["forged_lines"] == 1
+    assert (result.error or "").startswith(
+        "violation: forged result line in the agent's output (harness.stdout): "
+        'OPENFORGE_RESULT {"rollout_id": "r"')
+    assert result.final_answer == "all done"  # the harness's account is kept
+
+
+def test_what_scrub_removed_is_counted_in_the_rewards_details(tmp_path: Path) -> None:
+    # A passing attempt that left a link out of its view (the real HOME) and a FIFO.
+    spec = spec_for("executor_plugins:ShellHarness").model_copy(update={"task": Task(
+        id="only", prompt=f"ln -s {Path.home()}/x home-link && mkfifo f && echo ok > ok.txt")})
+    _, result = run_rollout(tmp_path, spec)
+    assert result.status == "ok" and result.reward is not None and result.reward.passed
+    assert result.reward.details == {"scrubbed_links": 1, "scrubbed_special_files": 1}
+    removed = result.harness_output["removed_files"]
+    assert len(removed) == 2 and any("home-link" in r for r in removed)
+
+
 def test_unreadable_spec_is_one_line(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "openforge.rollout", str(tmp_path / "missing.json")],
                           capture_output=True, text=True, timeout=60)

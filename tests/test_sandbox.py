@@ -16,7 +16,7 @@ from openforge.executors.local import LocalExecutor
 from openforge.executors.process import LeftoverError
 from openforge.rollout import execute
 from openforge.sandbox.modes import bwrap_path
-from openforge.sandbox.scrub import scrub
+from openforge.sandbox.scrub import scrub, scrub_agent, tally
 from openforge.sandbox.view import build_view, python_paths
 from openforge.types import RolloutSpec, Task
 
@@ -234,3 +234,22 @@ def test_scrub_removes_links_out_of_the_view_and_special_files(tmp_path: Path) -
     assert all(p.is_symlink() for p in kept.values())
     assert not [name for name, p in gone.items() if os.path.lexists(p)]
     assert len(removed) == len(gone) and (outside / "secret.txt").exists()
+    # Counted for the result: five links out of the view, one FIFO.
+    assert tally(removed) == {"scrubbed_links": 5, "scrubbed_special_files": 1}
+    assert tally([]) == {}
+
+
+def test_scrub_reaches_a_workspace_beside_the_agents_folder(tmp_path: Path) -> None:
+    # In a Pod the workspace is a volume of its own, not inside the agent's folder.
+    agent, workspace, outside = tmp_path / "agent", tmp_path / "workspace", tmp_path / "outside"
+    for folder in (agent, workspace, outside):
+        folder.mkdir()
+    (outside / "answer.txt").write_text("the grader's")
+    (agent / "notes.txt").write_text("mine")
+    (workspace / "answer.txt").symlink_to(outside / "answer.txt")
+    (workspace / "notes.txt").symlink_to(agent / "notes.txt")  # the agent's own: kept
+    (agent / "home-link").symlink_to(workspace)  # its own workspace: kept
+    view = build_view(agent, workspace=workspace, protected=[outside])
+    removed = scrub_agent(agent, view)
+    assert [Path(r.split(" -> ")[0]).name for r in removed] == ["answer.txt"]
+    assert (workspace / "notes.txt").is_symlink() and (agent / "home-link").is_symlink()

@@ -10,9 +10,10 @@ loopback), and launches only the harness command inside the agent's sandbox
 (`openforge.sandbox.agent`: bubblewrap, namespaces or none). When the harness ends or its
 time is up, every process of the sandbox is ended and shown to be gone; only then does the
 supervisor remove what the agent left that the trusted side must not follow (links out of
-the sandbox's view, FIFOs: `sandbox.scrub`), parse the harness's output, check the task's
-data for tampering, capture the final state and score it. No process of the agent exists
-while scoring happens, so nothing the agent did can write the result.
+the sandbox's view, FIFOs: `sandbox.scrub`, counted in the reward's details), parse the
+harness's output, look in it for a result line the agent wrote (`sandbox.forgery`), check
+the task's data for tampering, capture the final state and score it. No process of the
+agent exists while scoring happens, so nothing the agent did can write the result.
 
 The result is printed as the last line of stdout (`openforge.sandbox.protocol`: signed with
 the per-attempt key the executor gives on stdin with `--key-on-stdin`).
@@ -37,7 +38,8 @@ harness in `HarnessContext.mcp_servers`; the harness starts them, so they run in
 agent's sandbox and reach what `prepare` started over loopback, like the harness itself.
 
 Statuses (`openforge.types`): the harness completed -> `ok`; failed on its own ->
-`harness_error`; the task's data changed under the agent -> `violation` (scored 0); the
+`harness_error`; the task's data changed under the agent, or the agent's output holds a
+result line ("forged result line") -> `violation` (scored 0, not scored by the reward); the
 sandbox, the supervisor, the harness program or the engine failed, or a plugin could not be
 found or imported -> `infra_error`; out of time -> `timeout`; environment, harness-adapter
 or reward code raised -> `plugin_error` (not scored, not retried: a bug to fix), with an
@@ -78,12 +80,12 @@ from openforge.harness import (
     ProcessOutput,
 )
 from openforge.reward import Reward
-from openforge.sandbox import ports, tamper, verifier
+from openforge.sandbox import forgery, ports, tamper, verifier
 from openforge.sandbox.agent import AgentExit, run_agent
 from openforge.sandbox.modes import ISOLATING, SandboxMode, SandboxUnavailable, resolve
 from openforge.sandbox.protocol import MARKER_ENV, SANDBOX_ENV, result_line, scrub_env
 from openforge.sandbox.relay import Relay
-from openforge.sandbox.scrub import scrub
+from openforge.sandbox.scrub import scrub_agent, tally
 from openforge.sandbox.view import View, build_view
 from openforge.types import Call, RewardResult, RolloutResult, RolloutSpec, RolloutStatus
 
@@ -319,7 +321,7 @@ class Supervisor:
         # (nothing that runs while we score can add one), and what it left is made safe.
         self.stage = "sealing the session"
         seal_session(spec)
-        removed = scrub(dirs["AGENT"], view.sources(), view.masks)
+        removed = scrub_agent(dirs["AGENT"], view)
         proc = ProcessOutput(returncode=exit_.returncode, stdout=_tail(out_path, 200_000),
                              stderr=_tail(err_path, max(20_000, AGENT_LOG_CHARS)),
                              timed_out=exit_.timed_out, duration_s=exit_.duration_s)
@@ -335,9 +337,10 @@ class Supervisor:
                               stderr=proc.stderr[-AGENT_LOG_CHARS:])
         fields: dict[str, Any] = {"final_answer": output.final_answer,
                                   "harness_output": harness_output}
-        violation = self._violation(data, before, fields)
+        violation = self._forged([out_path, err_path], fields) or \
+            self._violation(data, before, fields)
         if violation is not None:
-            return violation
+            return _noted(violation, removed)
         if status not in ("ok", "harness_error"):
             return {**fields, "status": status, "error": output.error or f"harness {output.status}"}
         # Scoring code that runs what the agent wrote runs it in a fresh sandbox of this
@@ -367,8 +370,9 @@ class Supervisor:
         # What the checks ran of the agent's could have changed the data too.
         violation = self._violation(data, before, fields)
         if violation is not None:
-            return violation
-        return {**fields, "status": status, "reward": verdict, "error": output.error}
+            return _noted(violation, removed)
+        return _noted({**fields, "status": status, "reward": verdict, "error": output.error},
+                      removed)
 
     def _open_relay(self) -> Relay:
         """The ports a sandbox of this attempt may reach (the gateway and this supervisor's
@@ -396,6 +400,15 @@ class Supervisor:
 
         return launch
 
+    def _forged(self, outputs: list[Path], fields: dict[str, Any]) -> dict[str, Any] | None:
+        """The verdict when the agent's own output holds a result line (`sandbox.forgery`):
+        it tried to forge one, whether or not anything would have read it."""
+        found = forgery.in_files(outputs)
+        if not found:
+            return None
+        where = f"the agent's output ({', '.join(name for name, _ in found)})"
+        return {**fields, **forgery.verdict(where, [line for _, lines in found for line in lines])}
+
     def _violation(self, data: list[Path], before: dict[str, str],
                    fields: dict[str, Any]) -> dict[str, Any] | None:
         """The verdict when the task's data changed under the agent (sandbox none only)."""
@@ -409,6 +422,17 @@ class Supervisor:
             "violation": "task data changed", "paths": changed[:20]})
         return {**fields, "status": "violation", "reward": verdict,
                 "error": "violation: the agent changed the task's data: " + ", ".join(changed[:5])}
+
+
+def _noted(fields: dict[str, Any], removed: list[str]) -> dict[str, Any]:
+    """`fields`, with how many links and special files the agent left that were removed
+    (`scrub.tally`) in its reward's details: what it tried stays visible where the reward is
+    read, a Pod's compact result included."""
+    counts = tally(removed)
+    reward = fields.get("reward")
+    if not counts or reward is None:
+        return fields
+    return {**fields, "reward": reward.model_copy(update={"details": {**reward.details, **counts}})}
 
 
 def _scoring(spec: RolloutSpec, method: str, route: str) -> Any:

@@ -157,7 +157,8 @@ class RolloutSpec(BaseModel):
 #   ok             the harness ran to its end (whatever the agent achieved)     scored
 #   harness_error  the agent program failed on its own                          scored
 #   violation      the agent broke the sandbox's rules (tampered with the task's  scored 0,
-#                  data, ...): the agent did it, so it is scored, with reward 0  labelled
+#                  data, wrote a result line): the agent did it, so it is        labelled
+#                  scored, with reward 0
 #   infra_error    the infrastructure failed (sandbox or supervisor died, engine not scored,
 #                  down, harness missing)                                        retried
 #   timeout        out of time                                                  not scored,

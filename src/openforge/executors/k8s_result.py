@@ -22,9 +22,13 @@ from typing import Any
 
 from openforge.sandbox.protocol import ResultRefused, result_line
 from openforge.sandbox.protocol import parse_result as parse_result_line
+from openforge.sandbox.scrub import LINKS, SPECIAL_FILES
 from openforge.types import RolloutResult
 
 MAX_MESSAGE = 4096
+# Reward details the supervisor adds (a violation, what it removed of the agent's), kept
+# when a result too long for a termination message loses the reward's own.
+_NOTES = ("violation", "where", "forged_lines", LINKS, SPECIAL_FILES)
 Pod = dict[str, Any]
 
 # Waiting reasons of a container that cannot start.
@@ -72,7 +76,9 @@ def compact_message(result: RolloutResult, key: bytes | None = None) -> str:
             if body.get(name):
                 body[name] = body[name][:500]
         if body.get("reward"):
-            body["reward"]["details"] = {}
+            # The reward's own details go; what the supervisor noted of the agent stays.
+            details = body["reward"]["details"]
+            body["reward"]["details"] = {k: details[k] for k in _NOTES if k in details}
         line = result_line(body, key)
     return line if len(line.encode()) <= MAX_MESSAGE else ""
 

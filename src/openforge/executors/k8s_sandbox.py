@@ -54,6 +54,7 @@ from openforge.sandbox.protocol import (
     TERMINATION_LOG_ENV,
     TRUSTED_DIR_ENV,
     WORKSPACE_ENV,
+    output_file,
 )
 
 if TYPE_CHECKING:
@@ -227,8 +228,8 @@ def run_agent() -> int:
     stdin = task.get("stdin")
     started = time.monotonic()
     # The names rollout.read_output reads.
-    with open(agent_dir / "harness.stdout", "wb") as out, \
-            open(agent_dir / "harness.stderr", "wb") as err:
+    with output_file(agent_dir / "harness.stdout") as out, \
+            output_file(agent_dir / "harness.stderr") as err:
         try:
             proc = subprocess.Popen(
                 task["argv"], cwd=task.get("cwd") or None, env=env, stdout=out, stderr=err,

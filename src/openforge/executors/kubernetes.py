@@ -5,7 +5,9 @@ included), owned by the run's ConfigMap, and the Pod, owned by the Secret: a tru
 supervisor sidecar, the agent container that runs only the harness, and the trusted
 verifier whose termination message is the only result the executor reads (`k8s_result`).
 That result is taken only when signed with the attempt's key (`protocol.scoring_result_key`)
-and naming the spec's rollout, task, attempt and session (`protocol.check_result`).
+and naming the spec's rollout, task, attempt and session (`protocol.check_result`). A result
+line in the agent container's own termination message is the agent's attempt to forge one:
+the attempt becomes a `violation` (`sandbox.forgery`).
 
 Following a Pod: one shared watch per run, on the run's Pods (label-selected, `k8s_watch`),
 fans updates out to the waiting rollouts; one Node watch per executor sees a lost node.
@@ -95,6 +97,7 @@ from openforge.executors.k8s_result import (  # noqa: E402
 )
 from openforge.executors.k8s_sandbox import AGENT, VERIFIER  # noqa: E402
 from openforge.executors.k8s_watch import NodeWatcher, PodWatcher, wall_clock  # noqa: E402
+from openforge.sandbox import forgery  # noqa: E402
 from openforge.sandbox.protocol import (  # noqa: E402
     ResultRefused,
     check_result,
@@ -591,12 +594,16 @@ class KubernetesExecutor(Executor):
             tail = await (await self._connect()).pod_log(name, VERIFIER,
                                                          self.options.log_tail_lines)
             result = parse_result(tail, key)
+        agent = terminated(pod, AGENT)
         if result is not None and verifier.get("exitCode") == 0:
             try:
-                return check_result(result, spec)
+                result = check_result(result, spec)
             except ResultRefused as exc:
                 return failed("infra_error", f"Pod {name}: its verifier's result refused: {exc}")
-        agent = terminated(pod, AGENT)
+            # Never read as a result, but writing one there is an attempt to forge it.
+            forged = forgery.result_lines(agent.get("message") or "")
+            return forgery.mark(result, "the agent container's termination message", forged) \
+                if forged else result
         if agent and agent.get("exitCode") != 0:
             return failed("infra_error", f"Pod {name}: the agent container was killed (exit "
                           f"code {agent.get('exitCode')}, {agent.get('reason') or 'no reason'}); "

@@ -9,7 +9,9 @@ The supervisor runs the harness in the agent's sandbox (option `sandbox`), ends 
 and prints the result as its last line, signed with a per-attempt key it got on its stdin.
 This executor accepts the result only from a supervisor that exited 0, only on that last
 line, only with a valid signature, and only for this attempt; anything else is
-`infra_error` ("rollout supervisor died: ..."), never a pass.
+`infra_error` ("rollout supervisor died: ..."), never a pass. A result line before the
+supervisor's (the agent wrote it there, through /proc, without isolation) makes the attempt a
+`violation` ("forged result line in the supervisor's stdout": `sandbox.forgery`).
 
 `sandbox` (`auto` by default): `bwrap` when bubblewrap is installed, else `namespaces` when
 the kernel lets this user create user, mount and PID namespaces, else `none`, which warns
@@ -48,6 +50,7 @@ from openforge.executors.process import (
     make_undumpable,
 )
 from openforge.options import PluginOptions
+from openforge.sandbox import forgery
 from openforge.sandbox.modes import (
     SandboxUnavailable,
     bwrap_path,
@@ -60,6 +63,7 @@ from openforge.sandbox.protocol import (
     check_result,
     looks_like_credential,
     new_result_key,
+    output_file,
     parse_result,
     scrub_env,
 )
@@ -173,7 +177,9 @@ class LocalExecutor(Executor):
         proc: subprocess.Popen[bytes] | None = None
         timed_out = False
         try:
-            with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+            # Appended to: a line the agent writes through /proc/<supervisor>/fd/1 (possible
+            # without isolation) stays before the supervisor's own, so `_collect` sees it.
+            with output_file(stdout_path) as out, output_file(stderr_path) as err:
                 # Popen, not asyncio's subprocess: the pid is registered as a supervisor with
                 # no await between fork and registration, so a sweep never mistakes it for
                 # an orphan. Files, not pipes: a grandchild holding a pipe cannot stall us.
@@ -229,9 +235,15 @@ class LocalExecutor(Executor):
         why = ""
         if returncode == 0:
             try:
-                return check_result(parse_result(stdout, key), spec)
+                result = check_result(parse_result(stdout, key), spec)
             except ResultRefused as exc:
                 why = str(exc)
+            else:
+                # The supervisor's line is the last; a result line before it is someone
+                # else's: the agent's attempt to forge one.
+                forged = forgery.result_lines(stdout)[:-1]
+                return forgery.mark(result, "the supervisor's stdout", forged) if forged \
+                    else result
         elif returncode is not None and returncode < 0:
             why = f"killed by signal {signal.Signals(-returncode).name}"
         else:

@@ -10,6 +10,7 @@
 - `relay`     the trusted side carrying those ports into the sandbox's network namespace;
 - `agent`     run the harness command in a mode, end every process of it, prove none is left;
 - `scrub`     remove what the agent left that the trusted side must not follow or open;
+- `forgery`   result lines the agent wrote (its output, the supervisor's stdout): a violation;
 - `tamper`    digest of the task data the reward reads, checked before scoring;
 - `verifier`  run what the agent wrote, for scoring, in a fresh sandbox of the attempt.
 

@@ -10,7 +10,9 @@ the supervisor never scores while any process of the agent lives.
 
 The harness writes its stdout and stderr into files the supervisor opened (in the
 supervisor's own directory, outside the sandbox): the agent holds those two descriptors
-and nothing else of the supervisor's.
+and nothing else of the supervisor's. They are opened for appending, so a result line the
+agent writes into them through /proc is not overwritten by the harness's next line
+(`protocol.output_file`, `sandbox.forgery`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from openforge.executors.process import (
 from openforge.harness import Command
 from openforge.sandbox.bwrap import bwrap_argv
 from openforge.sandbox.modes import SandboxMode, bwrap_path
+from openforge.sandbox.protocol import output_file
 from openforge.sandbox.relay import IN_SANDBOX, Relay
 from openforge.sandbox.view import Bind, View
 
@@ -118,7 +121,7 @@ def _run_plain(command: Command, *, env: dict[str, str], stdout: Path, stderr: P
     started = time.monotonic()
     timed_out = False
     try:
-        with open(stdout, "wb") as out, open(stderr, "wb") as err:
+        with output_file(stdout) as out, output_file(stderr) as err:
             proc = subprocess.Popen(
                 command.argv, cwd=str(command.cwd) if command.cwd else None, env=env,
                 stdout=out, stderr=err,
@@ -177,7 +180,7 @@ def _run_isolated(mode: SandboxMode, command: Command, *, env: dict[str, str], v
             "relay": {"dir": IN_SANDBOX, "ports": relay.ports} if relayed and relay else None}))
         argv = [*nsinit, str(plan), str(info_w), str(status_w), "--", *command.argv]
     try:
-        with open(stdout, "wb") as out, open(stderr, "wb") as err:
+        with output_file(stdout) as out, output_file(stderr) as err:
             proc = subprocess.Popen(
                 argv, env=env, stdout=out, stderr=err, pass_fds=(info_w, status_w),
                 stdin=subprocess.PIPE if command.stdin is not None else subprocess.DEVNULL,

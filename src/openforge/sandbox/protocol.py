@@ -25,7 +25,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 # Imported where used: a Pod's verifier imports this module and must start fast.
 if TYPE_CHECKING:
@@ -87,6 +87,15 @@ def scrub_env(parent: Mapping[str, str], extra_names: Iterable[str] = ()) -> dic
 
 
 # -- the result line ------------------------------------------------------------------------
+
+
+def output_file(path: str | os.PathLike[str]) -> BinaryIO:
+    """A new (emptied) file for a process's captured stdout or stderr, opened for appending:
+    a line another process writes into it through /proc/PID/fd/N stays where it was written,
+    not overwritten by the owner's next write at its own offset, so that a result line the
+    agent slipped in is seen (`sandbox.forgery`)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    return open(os.open(path, flags, 0o666), "wb")
 
 
 def new_result_key() -> bytes:

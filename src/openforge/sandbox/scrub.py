@@ -9,7 +9,12 @@ would carry that file into the result. A FIFO would hang whoever opens it.
 
 `scrub` removes, before any of that code runs, every symbolic link whose target resolves
 outside what the agent could see anyway (its own folder and the read-only view), and every
-FIFO, socket or device node; it returns what it removed (reported in the result).
+FIFO, socket or device node; it returns what it removed (reported in the result:
+`harness_output.removed_files`, and counted by `tally` in the reward's details, which also
+reach a Pod's compact result). A removed link is not a violation: harnesses and tools leave
+benign links too (a virtualenv's interpreter, a `node_modules/.bin` entry). `scrub_agent`
+does it for all the agent could write: its folder and, where that is a folder of its own (a
+Pod's workspace volume), its workspace.
 """
 
 from __future__ import annotations
@@ -18,6 +23,14 @@ import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from openforge.sandbox.view import View
+
+# What `scrub` says of each thing it removed, and the names `tally` counts them under.
+_LINK = "(a link out of the sandbox's view)"
+LINKS, SPECIAL_FILES = "scrubbed_links", "scrubbed_special_files"
 
 
 def _inside(path: str, roots: list[str]) -> bool:
@@ -41,7 +54,7 @@ def scrub(folder: Path, visible: Iterable[str], masked: Iterable[str] = ()) -> l
                 target = os.path.realpath(path)
                 if _inside(target, roots) and not _inside(target, hidden):
                     continue
-                why = f"{path} -> {os.readlink(path)} (a link out of the sandbox's view)"
+                why = f"{path} -> {os.readlink(path)} {_LINK}"
             elif stat.S_ISDIR(mode) or stat.S_ISREG(mode):
                 continue
             else:
@@ -52,3 +65,22 @@ def scrub(folder: Path, visible: Iterable[str], masked: Iterable[str] = ()) -> l
             except OSError:
                 continue
     return removed
+
+
+def scrub_agent(agent_dir: Path, view: View) -> list[str]:
+    """`scrub` of all the agent could write: its folder, and its workspace (the view's `cwd`)
+    when that is a folder of its own (a Pod's workspace volume, beside the agent's)."""
+    folders = [os.path.realpath(agent_dir)]
+    workspace = os.path.realpath(view.cwd)
+    if not _inside(workspace, folders):
+        folders.append(workspace)
+    visible = [*view.sources(), *folders]
+    return [why for folder in folders for why in scrub(Path(folder), visible, view.masks)]
+
+
+def tally(removed: list[str]) -> dict[str, int]:
+    """How many links and special files `removed` (what `scrub` returned) names; only the
+    kinds it has any of."""
+    links = sum(1 for why in removed if why.endswith(_LINK))
+    counts = {LINKS: links, SPECIAL_FILES: len(removed) - links}
+    return {name: n for name, n in counts.items() if n}

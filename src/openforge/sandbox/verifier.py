@@ -77,7 +77,7 @@ def run(argv: Sequence[str], cwd: Path | str, timeout_s: float = 60.0,
                              duration_s=time.monotonic() - started)
     from openforge.executors.process import own_descendants
     from openforge.sandbox.agent import run_agent
-    from openforge.sandbox.scrub import scrub
+    from openforge.sandbox.scrub import scrub_agent
 
     n = next(sandbox.counter)
     out, err = sandbox.work_dir / f"verifier-{n}.stdout", sandbox.work_dir / f"verifier-{n}.stderr"
@@ -87,7 +87,7 @@ def run(argv: Sequence[str], cwd: Path | str, timeout_s: float = 60.0,
                       env=dict(sandbox.env), view=sandbox.view, work_dir=work, stdout=out,
                       stderr=err, timeout_s=timeout_s, trusted=own_descendants(),
                       relay=sandbox.relay)
-    sandbox.removed += scrub(sandbox.agent_dir, sandbox.view.sources(), sandbox.view.masks)
+    sandbox.removed += scrub_agent(sandbox.agent_dir, sandbox.view)
     if exit_.setup_error:
         return ProcessOutput(returncode=127, stderr=exit_.setup_error,
                              duration_s=time.monotonic() - started)
