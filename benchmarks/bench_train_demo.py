@@ -1,12 +1,15 @@
-"""The `demo` training recipe as a learning benchmark: held-out reward, SFT checkpoint vs GRPO.
+"""The `demo` training recipe as a learning benchmark and a regression gate.
 
-    python benchmarks/bench_train_demo.py [--set key=value ...]
+    python benchmarks/bench_train_demo.py [--min-test-gain G] [--set key=value ...]
 
 Runs `openforge train --recipe demo` (teacher demonstrations through the gateway -> SFT ->
-GRPO with in-place weight updates -> held-out evaluation), prints the GRPO reward curve, the
-held-out mean reward at the SFT checkpoint and after the last GRPO step, the phase timings,
-and writes the plot. The issue's target: +0.3 absolute on held-out tasks within 15 minutes on
-2 CPU cores. It asserts nothing about time (the numbers depend on the machine and its load).
+GRPO with in-place weight updates -> validation and test evaluations), prints the GRPO
+reward curve, the validation and test mean rewards at the SFT checkpoint and after the last
+GRPO step, the test gain with its standard error, and the phase timings, and writes the plot.
+
+With `--min-test-gain G` it exits 1 when the test gain is below G: `nox -s learn` (and so
+CI) runs it that way; docs/training.md says how G was set from the measured spread. It
+asserts nothing about time (the timings depend on the machine and its load).
 """
 
 from __future__ import annotations
@@ -19,26 +22,33 @@ from pathlib import Path
 from openforge.errors import OpenforgeError
 from openforge.training.recipes import run_recipe
 
+FIGURES = ("validation_reward_sft", "validation_reward_final", "validation_gain",
+           "test_reward_sft", "test_reward_final", "test_gain", "test_gain_se",
+           "test_by_family", "elapsed_s", "timings_s")
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="recipe field override (repeatable)")
     parser.add_argument("--output-dir", default="runs/bench-train-demo")
+    parser.add_argument("--min-test-gain", type=float, default=None, metavar="G",
+                        help="exit 1 when the test split's reward gain is below G")
     args = parser.parse_args(argv)
     try:
         summary = run_recipe("demo", None, [f"output_dir={args.output_dir}", *args.overrides])
     except OpenforgeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    gain = summary["heldout_gain"]
-    print(json.dumps({k: summary[k] for k in ("heldout_reward_sft", "heldout_reward_final",
-                                              "heldout_gain", "elapsed_s", "timings_s")}, indent=2))
-    print(f"target +0.30 held-out within 15 min: gain {gain:+.3f} "
-          f"({'met' if gain >= 0.3 else 'not met'}), {summary['elapsed_s'] / 60:.1f} min "
-          f"({'within' if summary['elapsed_s'] <= 900 else 'over'} 15 min)")
+    print(json.dumps({k: summary[k] for k in FIGURES}, indent=2))
     print(f"plot and metrics: {Path(args.output_dir).resolve()}")
-    return 0
+    gain, se = summary["test_gain"], summary["test_gain_se"]
+    if args.min_test_gain is None:
+        return 0
+    verdict = "ok" if gain >= args.min_test_gain else "REGRESSION"
+    print(f"{verdict}: test gain {gain:+.3f} (s.e. {se:.3f}); the gate is >= "
+          f"{args.min_test_gain:+.3f}")
+    return 0 if gain >= args.min_test_gain else 1
 
 
 if __name__ == "__main__":

@@ -399,18 +399,24 @@ def test_a_batch_without_signal_leaves_the_weights_alone(tiny_dir: Path) -> None
 
 @pytest.mark.parametrize("family", ["clean", "archive", "tally", "empty", "count", "delete"])
 def test_demo_family_checker_passes_the_right_command_only(tmp_path, family):
-    """Each demo family's checker passes the teacher's right command and fails its plausible
-    mistake and a workspace left as is."""
+    """Each demo family's checker (and the composed family's, for the families it is made of)
+    passes the teacher's right command and fails its plausible mistake and a workspace left as
+    is, in every split."""
     import subprocess
 
     from openforge.training import demo_tasks
 
-    env = demo_tasks.FamilyEnvironment(families=[family], train_per_family=2, test_per_family=1)
+    families = [family, "clean"] if family == "tally" else [family]
+    env = demo_tasks.FamilyEnvironment(families=families, train_per_family=4,
+                                       validation_per_family=2, test_per_family=2)
     tasks = list(env.tasks())
-    assert {t.split for t in tasks} == {"train", "test"}
+    assert {t.split for t in tasks} >= {"train", "validation"}
     for task in tasks:
         inst = demo_tasks._parse_id(task.id)
         attempts = {"right": inst.arguments, "untouched": None, "wrong": inst.wrong}
+        if inst.family == "compose":  # each half alone fails
+            left, right = inst.arguments["command"].split(" && ", 1)
+            attempts.update(only_clean={"command": left}, only_tally={"command": right})
         for label, arguments in attempts.items():
             if label == "wrong" and arguments is None:
                 continue
@@ -424,19 +430,52 @@ def test_demo_family_checker_passes_the_right_command_only(tmp_path, family):
             assert verdict.passed is (label == "right"), (task.id, label, verdict.details)
 
 
-def test_demo_held_out_prompts_use_names_no_train_task_uses():
-    """Held-out tasks are new prompts: their file names never occur in a train task."""
+def test_demo_splits_validation_repeats_train_commands_and_test_needs_new_ones():
+    """Validation and test prompts name files no train task uses. Validation asks for
+    commands the teacher demonstrates; every test task needs a command that no train task
+    contains (a held-out family/file-type pair, or two skills composed), built only from
+    parts that training shows."""
     from openforge.training import demo_tasks
 
     env = demo_tasks.FamilyEnvironment(families=["clean", "archive", "tally", "empty"],
-                                       train_per_family=10, test_per_family=3, pool_size=5)
-    train, test = list(env.tasks("train")), list(env.tasks("test"))
-    assert len(train) == 40 and len(test) == 12
-    train_names = {demo_tasks._parse_id(t.id).id.split("-")[1] for t in train}
-    test_names = {demo_tasks._parse_id(t.id).id.split("-")[1] for t in test}
-    assert train_names and test_names and not train_names & test_names
-    assert not {t.prompt for t in train} & {t.prompt for t in test}
-    assert len({t.prompt for t in train}) == len(train)  # one prompt per train task
+                                       train_per_family=10, validation_per_family=3,
+                                       test_per_family=3, pool_size=5)
+    split = {name: list(env.tasks(name)) for name in demo_tasks.SPLITS}
+    assert [len(split[n]) for n in demo_tasks.SPLITS] == [40, 12, 12]
+    assert {t.data["family"] for t in split["test"]} == {"archive", "tally", "empty", "compose"}
+
+    def name_of(task):
+        return task.id.split("-")[1]
+
+    def command_of(task):
+        return demo_tasks._parse_id(task.id).arguments["command"]
+
+    train_names = {name_of(t) for t in split["train"]}
+    train_commands = {command_of(t) for t in split["train"]}
+    for held in ("validation", "test"):
+        assert train_names and not train_names & {name_of(t) for t in split[held]}
+        assert not {t.prompt for t in split["train"]} & {t.prompt for t in split[held]}
+    assert {command_of(t) for t in split["validation"]} <= train_commands
+    assert not {command_of(t) for t in split["test"]} & train_commands
+    # Each part of a test command occurs in training: a glob's file type in another
+    # family's command, an operation with other file types.
+    train_text = " ".join(train_commands)
+    for task in split["test"]:
+        ext = task.id.split("-")[3]
+        assert f"*.{ext}" in train_text, task.id
+    assert len({t.prompt for t in split["train"]}) == len(split["train"])
+    # Every train family's file types are balanced (round-robin), none held out is trained.
+    for family, held_out in demo_tasks.HELD_OUT_TYPES.items():
+        types = [t.id.split("-")[3] for t in split["train"] if t.data["family"] == family]
+        assert held_out not in types and max(map(types.count, set(types))) - min(
+            map(types.count, set(types))) <= 1
+
+
+def test_demo_splits_refuse_an_unknown_split():
+    from openforge.training import demo_tasks
+
+    with pytest.raises(ValueError, match="unknown split 'dev'; the demo families have train"):
+        demo_tasks.instances("dev")
 
 
 def test_noisy_teacher_demonstrates_the_mistake_on_its_share_of_each_family(tmp_path):
@@ -518,17 +557,69 @@ def test_demo_recipe_runs_every_phase_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     result = CliRunner().invoke(cli, [
         "train", "--recipe", "demo", "--set", f"output_dir={out}", "--set", "model=tiny",
-        "--set", "families=[clean]", "--set", "train_per_family=4", "--set", "test_per_family=1",
+        "--set", "families=[clean,tally]", "--set", "train_per_family=2",
+        "--set", "validation_per_family=1", "--set", "test_per_family=1",
         "--set", "teacher_accuracy=0.5", "--set", "sft_epochs=1", "--set", "grpo_steps=1",
         "--set", "tasks_per_step=2", "--set", "k=2", "--set", "eval_k=1",
         "--set", "max_tokens=48"])
     assert result.exit_code == 0, result.output
-    assert "4 demonstrations, pass rate 0.50" in " ".join(result.output.split())
+    output = " ".join(result.output.split())
+    assert "4 demonstrations, pass rate 0.50" in output
+    assert "4 train, 2 validation, 2 test tasks" in output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["grpo_steps"] == 1 and set(summary["timings_s"]) == {"teacher", "sft", "grpo"}
-    assert summary["heldout_gain"] == pytest.approx(
-        summary["heldout_reward_final"] - summary["heldout_reward_sft"])
+    assert summary["test_tasks"] == 2 and set(summary["test_by_family"]) == {"tally", "compose"}
+    for split in ("validation", "test"):
+        assert f"{split} mean reward: SFT {summary[f'{split}_reward_sft']:.3f}" in output
+        assert 0.0 <= summary[f"{split}_gain_se"] <= 1.0
     assert (out / "demos-samples" / "data.parquet").exists()
     assert list(out.glob("reward_curve.*"))
     grpo = [m for m in read_metrics(out / "grpo" / "metrics.jsonl") if m.get("phase") == "grpo"]
     assert len(grpo) == 1 and str(grpo[0]["weight_version"]) == "1"
+
+
+def test_paired_gain_averages_each_tasks_attempts_and_gives_the_standard_error() -> None:
+    """The gain is the mean of per-task changes (a task's attempts averaged first); its
+    standard error is their sample standard deviation over sqrt(tasks). Hand-computed."""
+    from openforge.runner import AttemptRecord
+    from openforge.training.recipes import paired_gain
+    from openforge.training.rollouts import StepRollouts
+
+    def step(rewards: dict[str, list[float]]) -> StepRollouts:
+        return StepRollouts(records=[
+            AttemptRecord(task_id=task, attempt=i, rollout_id=f"{task}{i}", session_id="s",
+                          status="ok", reward=reward)
+            for task, values in rewards.items() for i, reward in enumerate(values)])
+
+    before = step({"a": [0.0, 0.0], "b": [1.0, 0.0], "c": [0.0, 0.0]})
+    # An infrastructure failure is not scored: task c's mean after is its one scored attempt.
+    after = step({"a": [1.0, 1.0], "b": [1.0, 1.0], "c": [0.0]})
+    after.records.append(AttemptRecord(task_id="c", attempt=1, rollout_id="c1", session_id="s",
+                                       status="infra_error"))
+    gain, se = paired_gain(before, after)
+    diffs = [1.0, 0.5, 0.0]
+    mean = sum(diffs) / 3
+    sd = (sum((d - mean) ** 2 for d in diffs) / 2) ** 0.5
+    assert gain == pytest.approx(0.5) and se == pytest.approx(sd / 3 ** 0.5)
+    assert paired_gain(step({}), after) == (0.0, 0.0)
+
+
+def test_the_learning_gate_fails_below_its_threshold(tmp_path: Path, capsys) -> None:
+    """`bench_train_demo.py --min-test-gain G` exits 1 (REGRESSION) when the test gain is
+    below G and 0 when it is not; a gain cannot exceed 1, so 1.01 always fails and -1.01
+    never does."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_train_demo", Path(__file__).parent.parent / "benchmarks" / "bench_train_demo.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    toy = ["model=tiny", "families=[clean,tally]", "train_per_family=2",
+           "validation_per_family=1", "test_per_family=1", "sft_epochs=1", "grpo_steps=1",
+           "tasks_per_step=2", "k=2", "eval_k=1"]
+    argv = ["--output-dir", str(tmp_path / "gate"), *(a for kv in toy for a in ("--set", kv))]
+    assert bench.main([*argv, "--min-test-gain", "1.01"]) == 1
+    assert "REGRESSION: test gain" in capsys.readouterr().out
+    assert bench.main([*argv, "--min-test-gain", "-1.01", "--set", "fresh=false"]) == 0
+    assert "ok: test gain" in capsys.readouterr().out

@@ -1,13 +1,30 @@
 """Parameterized workspace-task families for the `demo` training recipe, with a teacher.
 
-The 12 fixed `demo` tasks are too few to tell learning from memorizing. Here each family
-(write a file, append a line, rename, ...) is instantiated with names and words from small
-pools; `split="train"` and `split="test"` are disjoint sets of instances, so the recipe
-measures reward on held-out tasks the policy never trained on. `teacher_script()` writes
-the scripted engine's solutions for a set of instances: the demonstrations for SFT.
+Each family (archive the notes, count the lines, empty a file, clean up temporary files,
+...) is instantiated with a file name, a word and a file type (`txt`, `md`, `log`, `csv`)
+from small pools. Three splits of distinct instances:
+
+- `train`: what the teacher demonstrates and GRPO trains on: train names, and for each
+  family the file types of `TRAIN_TYPES`;
+- `validation`: the same (family, file type) pairs with file names no train task uses;
+  every choice of the recipe's settings is made on it;
+- `test`: what is reported and never tuned on. Its instances need a command that no train
+  task contains verbatim: the held-out (family, file type) pairs of `HELD_OUT_TYPES`
+  (`archive` of `md` notes is `mkdir archive && mv *.md archive/`, a command the
+  training set never shows; it shows `*.md` only in other families' commands), and the
+  `compose` family, which asks for two trained skills in one task (clean up, then count).
+
+So the test measures whether the policy composes what it learned (an operation from the
+verb, a file type from the file it is told about) on unseen names; it does not measure
+copying names it never saw (one generic command per (family, file type) solves every
+instance) nor skills absent from training.
+
+`teacher_script()` writes the scripted engine's solutions for a set of instances: the
+demonstrations for SFT.
 
 Use it as the environment `openforge.training.demo_tasks:FamilyEnvironment` (options:
-`train_per_family`, `test_per_family`, `seed`, `families`, `pool_size`).
+`train_per_family`, `validation_per_family`, `test_per_family`, `seed`, `families`,
+`pool_size`).
 """
 
 from __future__ import annotations
@@ -28,9 +45,20 @@ from openforge.options import PluginOptions
 from openforge.types import RewardResult, Task
 
 ENV_TARGET = "openforge.training.demo_tasks:FamilyEnvironment"
-NAMES = ("notes", "data", "todo", "report", "items", "plan", "draft", "memo", "log", "list")
+NAMES = ("notes", "data", "todo", "report", "items", "plan", "draft", "memo", "inbox", "list")
 TRAIN_NAMES, HELD_OUT_NAMES = NAMES[:7], NAMES[7:]
 WORDS = ("apple", "river", "green", "stone", "cloud", "tiger", "light", "paper", "music", "bread")
+SPLITS = ("train", "validation", "test")
+TYPES = ("txt", "md", "log", "csv")
+# The families whose command names the file type. Each holds one type out of training: the
+# test split's (family, type) pairs. Every type still occurs in train with two or three of
+# the other families, so the pair is new and its parts are not.
+HELD_OUT_TYPES = {"archive": "md", "tally": "log", "empty": "csv"}
+TRAIN_TYPES = {family: tuple(t for t in TYPES if t != held)
+               for family, held in HELD_OUT_TYPES.items()}
+TRAIN_TYPES["clean"] = TYPES  # its command (`rm *.tmp`) does not depend on the type
+# Test-only families: two trained skills in one task.
+COMPOSED = {"compose": ("clean", "tally")}
 
 
 @dataclass(frozen=True)
@@ -56,8 +84,12 @@ def _text(ws: Path, name: str) -> str | None:
     return path.read_text(errors="replace") if path.is_file() else None
 
 
-def _make(family: str, name: str, word: str) -> Instance:
-    iid = f"{family}-{name}-{word}"
+def _lines(word: str) -> str:
+    return "".join(f"{word} {i}\n" for i in range(3 + len(word)))
+
+
+def _make(family: str, name: str, word: str, ext: str = "txt") -> Instance:
+    iid = f"{family}-{name}-{word}-{ext}"
     if family == "write":
         return Instance(iid, family, f"Create a file named {name}.txt containing exactly: {word}",
                         {}, "write_file", {"path": f"{name}.txt", "content": word})
@@ -70,9 +102,8 @@ def _make(family: str, name: str, word: str) -> Instance:
                         {f"{name}.txt": "keep this\n"}, "shell",
                         {"command": f"mv {name}.txt {word}.txt"})
     if family == "count":
-        lines = 3 + len(word)
         return Instance(iid, family, f"Count the lines of {name}.txt and write just the number "
-                        "to count.txt.", {f"{name}.txt": "".join(f"{word} {i}\n" for i in range(lines))},
+                        "to count.txt.", {f"{name}.txt": _lines(word)},
                         "shell", {"command": f"wc -l < {name}.txt > count.txt"})
     if family == "delete":
         return Instance(iid, family, f"Delete the file {name}.txt and keep {word}.txt.",
@@ -82,31 +113,34 @@ def _make(family: str, name: str, word: str) -> Instance:
         return Instance(iid, family, f"Create the directory {name} with an empty __init__.py "
                         "file in it.", {}, "write_file",
                         {"path": f"{name}/__init__.py", "content": ""})
-    # The workspace families: the prompt names the file, but one generic command solves
-    # every instance, so a small model can learn them from few demonstrations and be tested
-    # on instances (names, contents) it never saw.
+    # The recipe's families: the prompt names the file; one command per file type solves
+    # every instance, so a small model can learn them from few demonstrations.
     if family == "clean":
         return Instance(iid, family, f"Delete the temporary files (such as {word}.tmp) but keep "
-                        f"{name}.txt.", {f"{name}.txt": "keep\n", f"{word}.tmp": "x\n",
-                                         "cache.tmp": "y\n"}, "shell", {"command": "rm *.tmp"},
-                        {"command": "rm *.txt"})
+                        f"{name}.{ext}.", {f"{name}.{ext}": "keep\n", f"{word}.tmp": "x\n",
+                                           "cache.tmp": "y\n"}, "shell", {"command": "rm *.tmp"},
+                        {"command": f"rm *.{ext}"})
     if family == "archive":
-        return Instance(iid, family, f"Archive the {word} notes: move {name}.txt into a new "
+        return Instance(iid, family, f"Archive the {word} notes: move {name}.{ext} into a new "
                         "directory named archive.",
-                        {f"{name}.txt": f"{word}\n"}, "shell",
-                        {"command": "mkdir archive && mv *.txt archive/"},
-                        {"command": "mkdir archive && cp *.txt archive/"})
+                        {f"{name}.{ext}": f"{word}\n"}, "shell",
+                        {"command": f"mkdir archive && mv *.{ext} archive/"},
+                        {"command": f"mkdir archive && cp *.{ext} archive/"})
     if family == "tally":
-        lines = 3 + len(word)
-        return Instance(iid, family, f"Count the lines of {name}.txt (the {word} log) and write "
-                        "just the number to count.out.", {f"{name}.txt": "".join(f"{word} {i}\n"
-                                                                 for i in range(lines))},
-                        "shell", {"command": "cat *.txt | wc -l > count.out"},
-                        {"command": "cat *.txt | wc -w > count.out"})
+        return Instance(iid, family, f"Count the lines of {name}.{ext} (the {word} log) and "
+                        "write just the number to count.out.", {f"{name}.{ext}": _lines(word)},
+                        "shell", {"command": f"cat *.{ext} | wc -l > count.out"},
+                        {"command": f"cat *.{ext} | wc -w > count.out"})
     if family == "empty":
-        return Instance(iid, family, f"Empty the file {name}.txt (it repeats {word}) but keep it.",
-                        {f"{name}.txt": f"{word}\n" * 3}, "shell",
-                        {"command": "truncate -s 0 *.txt"}, {"command": "rm *.txt"})
+        return Instance(iid, family, f"Empty the file {name}.{ext} (it repeats {word}) but keep "
+                        "it.", {f"{name}.{ext}": f"{word}\n" * 3}, "shell",
+                        {"command": f"truncate -s 0 *.{ext}"}, {"command": f"rm *.{ext}"})
+    if family == "compose":
+        return Instance(iid, family, f"Delete the temporary files (such as {word}.tmp), then "
+                        f"count the lines of {name}.{ext} and write just the number to "
+                        "count.out.", {f"{name}.{ext}": _lines(word), f"{word}.tmp": "x\n",
+                                       "cache.tmp": "y\n"}, "shell",
+                        {"command": f"rm *.tmp && cat *.{ext} | wc -l > count.out"})
     raise KeyError(family)
 
 
@@ -115,8 +149,7 @@ FAMILIES = ("write", "append", "rename", "count", "delete", "package",
 
 
 def _score(inst: Instance, ws: Path) -> tuple[float, dict[str, Any]]:
-    name = inst.id.split("-")[1]
-    word = inst.id.split("-")[2]
+    _, name, word, ext = inst.id.split("-")
     if inst.family == "write":
         got = _text(ws, f"{name}.txt")
         return (1.0, {}) if got is not None and got.strip() == word else (0.0, {"got": got})
@@ -135,49 +168,84 @@ def _score(inst: Instance, ws: Path) -> tuple[float, dict[str, Any]]:
     if inst.family == "package":
         return (1.0 if (ws / name / "__init__.py").is_file() else 0.0), {}
     if inst.family == "clean":
-        ok = not list(ws.glob("*.tmp")) and _text(ws, f"{name}.txt") == "keep\n"
+        ok = not list(ws.glob("*.tmp")) and _text(ws, f"{name}.{ext}") == "keep\n"
         return (1.0 if ok else 0.0), {}
     if inst.family == "archive":
-        ok = _text(ws, f"archive/{name}.txt") == f"{word}\n" and not (ws / f"{name}.txt").exists()
+        ok = (_text(ws, f"archive/{name}.{ext}") == f"{word}\n"
+              and not (ws / f"{name}.{ext}").exists())
         return (1.0 if ok else 0.0), {}
-    if inst.family == "tally":
+    if inst.family in ("tally", "compose"):
         got = (_text(ws, "count.out") or "").strip()
-        return (1.0, {}) if got == str(3 + len(word)) else (0.0, {"got": got})
+        if got != str(3 + len(word)):
+            return 0.0, {"got": got}
+        if inst.family == "compose" and list(ws.glob("*.tmp")):
+            return 0.0, {"left": sorted(p.name for p in ws.glob("*.tmp"))}
+        return 1.0, {}
     if inst.family == "empty":
-        return (1.0 if _text(ws, f"{name}.txt") == "" else 0.0), {}
+        return (1.0 if _text(ws, f"{name}.{ext}") == "" else 0.0), {}
     raise KeyError(inst.family)
+
+
+def _types(family: str, split: str) -> tuple[str, ...]:
+    """The file types a family's instances of `split` take."""
+    if family in COMPOSED:
+        return TYPES
+    if split == "test":
+        return (HELD_OUT_TYPES[family],) if family in HELD_OUT_TYPES else ()
+    return TRAIN_TYPES.get(family, ("txt",))
+
+
+def test_families(families: Sequence[str]) -> list[str]:
+    """The families the test split holds for these train families: those with a held-out
+    file type, and each composed family whose parts are all trained."""
+    held = [f for f in families if f in HELD_OUT_TYPES]
+    composed = [c for c, parts in COMPOSED.items() if all(p in families for p in parts)]
+    return held + composed
 
 
 def instances(split: str | None, train_per_family: int = 10, test_per_family: int = 3,
               seed: int = 0, families: Sequence[str] = FAMILIES,
-              pool_size: int = 5) -> list[Instance]:
-    """The instances of a split: for each family, distinct (name, word) pairs.
+              pool_size: int = 5, validation_per_family: int | None = None) -> list[Instance]:
+    """The instances of a split (`None`: all three), per family, distinct and balanced over
+    the family's file types.
 
     Train instances take their names and words from the first `pool_size` of each pool;
-    held-out (`test`) instances take their names from `HELD_OUT_NAMES`, which no train
-    instance uses, so a held-out prompt is never one the policy trained on.
+    validation and test instances take their names from `HELD_OUT_NAMES`, which no train
+    instance uses. Validation repeats train's (family, file type) pairs; test holds the
+    pairs and families train never shows (`test_families`).
     """
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         raise ValueError(f"unknown task families {unknown}; known: {', '.join(FAMILIES)}")
     if not 1 <= pool_size <= len(TRAIN_NAMES):
         raise ValueError(f"pool_size {pool_size}: between 1 and {len(TRAIN_NAMES)}")
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; the demo families have {', '.join(SPLITS)}")
+    wanted = {"train": train_per_family, "test": test_per_family,
+              "validation": test_per_family if validation_per_family is None
+              else validation_per_family}
+    names = {"train": TRAIN_NAMES[:pool_size], "validation": HELD_OUT_NAMES,
+             "test": HELD_OUT_NAMES}
+    words = {"train": WORDS[:pool_size], "validation": WORDS, "test": WORDS}
     out: list[Instance] = []
-    for family in families:
-        rng = random.Random(f"{seed}-{family}")
-        pools = {"train": list(itertools.product(TRAIN_NAMES[:pool_size], WORDS[:pool_size])),
-                 "test": list(itertools.product(HELD_OUT_NAMES, WORDS))}
-        wanted = {"train": train_per_family, "test": test_per_family}
-        for split_name, pairs in pools.items():
+    for split_name in SPLITS:
+        if split is not None and split != split_name:
+            continue
+        chosen = test_families(families) if split_name == "test" else list(families)
+        for family in chosen:
+            rng = random.Random(f"{seed}-{family}-{split_name}")
+            types = _types(family, split_name)
+            pairs = list(itertools.product(names[split_name], words[split_name]))
             rng.shuffle(pairs)
-            if split is None or split == split_name:
-                out.extend(_make(family, n, w) for n, w in pairs[:wanted[split_name]])
+            # Round-robin over the types, so each gets its share of the instances.
+            out.extend(_make(family, name, word, types[i % len(types)])
+                       for i, (name, word) in enumerate(pairs[:wanted[split_name]]))
     return out
 
 
 def _parse_id(task_id: str) -> Instance:
-    family, name, word = task_id.split("-")
-    return _make(family, name, word)
+    family, name, word, ext = task_id.split("-")
+    return _make(family, name, word, ext)
 
 
 class FamilyOptions(PluginOptions):
@@ -185,8 +253,10 @@ class FamilyOptions(PluginOptions):
 
     train_per_family: int = Field(default=10, ge=0)
     """Training instances per family."""
+    validation_per_family: int = Field(default=3, ge=0)
+    """Validation instances per family (the split settings are chosen on)."""
     test_per_family: int = Field(default=3, ge=0)
-    """Held-out instances per family."""
+    """Test instances per test family (the split that is reported, never tuned on)."""
     seed: int = 0
     """Which instances are drawn."""
     families: list[str] | None = None
@@ -196,25 +266,20 @@ class FamilyOptions(PluginOptions):
 
 
 class FamilyEnvironment(Environment):
-    """Parameterized workspace tasks with train / test splits of distinct instances."""
+    """Parameterized workspace tasks with train / validation / test splits."""
 
     options_model = FamilyOptions
     options: FamilyOptions
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.train_per_family = self.options.train_per_family
-        self.test_per_family = self.options.test_per_family
-        self.seed = self.options.seed
         self.families = list(self.options.families or FAMILIES)
-        self.pool_size = self.options.pool_size
 
     def tasks(self, split: str | None = None) -> Iterable[Task]:
-        for split_name in ("train", "test"):
-            if split is not None and split != split_name:
-                continue
-            for inst in instances(split_name, self.train_per_family, self.test_per_family,
-                                  self.seed, self.families, self.pool_size):
+        o = self.options
+        for split_name in SPLITS if split is None else (split,):
+            for inst in instances(split_name, o.train_per_family, o.test_per_family, o.seed,
+                                  self.families, o.pool_size, o.validation_per_family):
                 yield Task(id=inst.id, prompt=inst.prompt, environment="demo-families",
                            split=split_name, data={"family": inst.family})
 
@@ -230,6 +295,7 @@ class FamilyEnvironment(Environment):
     def check(self, task: Task, workspace: Path, final_state: dict[str, Any]) -> RewardResult:
         score, details = _score(_parse_id(task.id), workspace)
         return RewardResult(score=score, passed=score >= 1.0, details=details)
+
 
 
 def teacher_choices(tasks: Iterable[Task], accuracy: float = 1.0,

@@ -8,12 +8,13 @@
    inspection and other trainers, `samples` token rows that this recipe trains on);
 2. **sft**: an untrained model (`model: recipe`, a Qwen3 with hidden 128 and 4 layers and the
    real Qwen3 tokenizer) clones all the teacher's demonstrations, mistakes included;
-3. **eval**: mean reward on the held-out test tasks (prompts with file names no train task
-   uses) at the SFT checkpoint;
+3. **eval**: mean reward on the validation tasks (the train tasks' commands, file names no
+   train task uses: every choice of settings is made on these) and on the test tasks (commands
+   no train task contains: `demo_tasks` says what they measure) at the SFT checkpoint;
 4. **grpo**: GRPO on the train tasks, the `local` engine's weights updated in place after
    every step (the weight version is stamped on each recorded call);
-5. **eval**: mean reward on the held-out tasks after the last GRPO step; the curve is printed
-   and plotted, and `summary.json` holds both held-out numbers.
+5. **eval**: both again after the last GRPO step; the curve is printed and plotted, and
+   `summary.json` holds every number, with the test gain's standard error (paired by task).
 
 Point `model` at a real model folder (and `run.engine` at vLLM for the rollouts) and the same
 recipe is the template for a real run. Every field below is settable with `--set`.
@@ -50,6 +51,7 @@ class DemoRecipe(BaseModel):
     model: str = "recipe"  # "recipe" (hidden 128, 4 layers), "tiny", or a model folder
     fresh: bool = True  # start over (delete output_dir); false resumes finished phases
     train_per_family: int = Field(default=10, ge=1)
+    validation_per_family: int = Field(default=3, ge=1)
     test_per_family: int = Field(default=3, ge=1)
     # Families one generic command solves (the prompt names the file; the command need not):
     # a 4-layer model learns them from 40 demonstrations. The name-copying families
@@ -68,8 +70,8 @@ class DemoRecipe(BaseModel):
     max_tokens: int = Field(default=48, ge=8)
     concurrency: int = Field(default=3, ge=1)
     # Enough epochs for the cloned policy to write well-formed tool calls (SFT loss ~0.03);
-    # fewer leave it on the steep part of the curve, where held-out reward swings with the
-    # demonstrations' order (docs/training.md).
+    # fewer leave it on the steep part of the curve, where validation reward swings with
+    # the demonstrations' order (docs/training.md).
     sft_epochs: int = Field(default=24, ge=1)
     sft_batch_size: int = Field(default=8, ge=1)
     sft_learning_rate: float = 5e-3
@@ -86,10 +88,10 @@ class DemoRecipe(BaseModel):
     k: int = Field(default=4, ge=2)  # attempts per task in a GRPO group
     # Rollouts and evaluations sample at 0.7 (the trainer divides its logits by the same):
     # at 1.0 the 4-layer model's rare malformed tokens cost ~0.15 of reward at every
-    # checkpoint and, once GRPO removes the teacher's mistake, take its place on held-out
+    # checkpoint and, once GRPO removes the teacher's mistake, take its place on validation
     # prompts (docs/training.md).
     temperature: float = 0.7
-    eval_k: int = Field(default=3, ge=1)  # attempts per held-out task at each evaluation
+    eval_k: int = Field(default=3, ge=1)  # attempts per evaluated task at each evaluation
     seed: int = 0
     use_verl: bool | None = None
     # Intra-op threads for training and the in-process engine. One is fastest on a small,
@@ -110,6 +112,7 @@ def _run_config(recipe: DemoRecipe, model_dir: Path, engine: EngineConfig) -> Ru
                                          "max_tokens": recipe.max_tokens},
         environment=demo_tasks.ENV_TARGET,
         environment_options={"train_per_family": recipe.train_per_family,
+                             "validation_per_family": recipe.validation_per_family,
                              "test_per_family": recipe.test_per_family, "seed": recipe.seed,
                              "families": recipe.families, "pool_size": recipe.pool_size},
         engine=engine, concurrency=recipe.concurrency, timeout_s=120.0,
@@ -184,13 +187,21 @@ class DemoPipeline:
             run.close()
         return run.model_dir
 
-    async def evaluate(self, collector: RolloutCollector, tag: str) -> StepRollouts:
-        result = await collector.collect(self.tasks["test"], self.recipe.eval_k, tag)
-        self.console.print(f"[eval {tag}] held-out mean reward {result.mean_reward:.3f}, "
-                           f"pass rate {result.pass_rate:.3f} over {len(result.records)} attempts", markup=False)
-        return result
+    async def evaluate(self, collector: RolloutCollector, tag: str) -> dict[str, StepRollouts]:
+        """Mean reward on the validation and the test tasks at the current weights."""
+        results = {}
+        for split in EVAL_SPLITS:
+            result = await collector.collect(self.tasks[split], self.recipe.eval_k,
+                                             f"{split}-{tag}")
+            self.console.print(f"[eval {tag}] {split} mean reward {result.mean_reward:.3f}, "
+                               f"pass rate {result.pass_rate:.3f} over {len(result.records)} "
+                               "attempts", markup=False)
+            results[split] = result
+        return results
 
-    async def grpo(self, sft_dir: Path) -> tuple[float, float, list[tuple[float, float]]]:
+    async def grpo(self, sft_dir: Path) -> tuple[dict[str, StepRollouts],
+                                                  dict[str, StepRollouts],
+                                                  list[tuple[float, float]]]:
         r = self.recipe
         opts = self._options("grpo", r.grpo_learning_rate, tasks_per_step=r.tasks_per_step,
                              micro_batch_size=8, ppo_epochs=r.grpo_ppo_epochs,
@@ -204,28 +215,26 @@ class DemoPipeline:
             async with RolloutCollector(_run_config(r, sft_dir, engine),
                                         self.out / "rollouts") as collector:
                 before = await self.evaluate(collector, "sft")
-                run.log.log({"phase": "eval", "step": 0, "heldout_reward": before.mean_reward,
-                             "heldout_pass_rate": before.pass_rate})
+                run.log.log({"phase": "eval", "step": 0, **_eval_metrics(before)})
                 started = time.monotonic()
                 await grpo_loop(run, collector, self.tasks["train"], r.k, r.grpo_steps, "grpo")
                 self.timings["grpo"] = time.monotonic() - started
                 after = await self.evaluate(collector, "final")
-                run.log.log({"phase": "eval", "step": run.policy.step,
-                             "heldout_reward": after.mean_reward,
-                             "heldout_pass_rate": after.pass_rate})
+                run.log.log({"phase": "eval", "step": run.policy.step, **_eval_metrics(after)})
             run.checkpoint(force=True)
             from openforge.training.metrics_log import read_metrics
 
             train_curve = [(float(m["step"]), float(m["reward_mean"]))
                            for m in read_metrics(run.log.path) if m.get("phase") == "grpo"]
-            heldout = [(0.0, before.mean_reward), (float(run.policy.step), after.mean_reward)]
-            plot = write_curve(self.out / "reward_curve",
-                               {"train reward (GRPO rollouts)": train_curve,
-                                "held-out reward": heldout}, "openforge demo recipe")
+            curves = {"train reward (GRPO rollouts)": train_curve}
+            for split in EVAL_SPLITS:
+                curves[f"{split} reward"] = [(0.0, before[split].mean_reward),
+                                             (float(run.policy.step), after[split].mean_reward)]
+            plot = write_curve(self.out / "reward_curve", curves, "openforge demo recipe")
             self.console.print(f"reward curve: {plot}")
         finally:
             run.close()
-        return before.mean_reward, after.mean_reward, train_curve
+        return before, after, train_curve
 
     async def run(self) -> dict[str, Any]:
         r = self.recipe
@@ -238,11 +247,17 @@ class DemoPipeline:
             shutil.rmtree(self.out)
         self.out.mkdir(parents=True, exist_ok=True)
         env = demo_tasks.FamilyEnvironment(train_per_family=r.train_per_family,
+                                           validation_per_family=r.validation_per_family,
                                            test_per_family=r.test_per_family, seed=r.seed,
                                            families=r.families, pool_size=r.pool_size)
-        self.tasks = {split: list(env.tasks(split)) for split in ("train", "test")}
-        self.console.print(f"demo recipe: {len(self.tasks['train'])} train tasks, "
-                           f"{len(self.tasks['test'])} held-out tasks -> {self.out}")
+        self.tasks = {split: list(env.tasks(split)) for split in demo_tasks.SPLITS}
+        missing = [split for split in EVAL_SPLITS if not self.tasks[split]]
+        if missing:
+            raise OpenforgeError(f"families {r.families} have no {' or '.join(missing)} tasks; "
+                                 f"the test split needs one of {sorted(demo_tasks.HELD_OUT_TYPES)}")
+        self.console.print(f"demo recipe: {len(self.tasks['train'])} train, "
+                           f"{len(self.tasks['validation'])} validation, "
+                           f"{len(self.tasks['test'])} test tasks -> {self.out}")
         model_dir = _model_dir(r.model)
         t = time.monotonic()
         demos = await self.teacher(model_dir)
@@ -254,14 +269,62 @@ class DemoPipeline:
         self.console.print("GRPO train reward per step:")
         for line in text_curve(curve):
             self.console.print(line)
-        summary = {"heldout_reward_sft": before, "heldout_reward_final": after,
-                   "heldout_gain": after - before, "grpo_steps": r.grpo_steps,
-                   "elapsed_s": time.monotonic() - started, "timings_s": self.timings,
-                   "recipe": json.loads(r.model_dump_json())}
+        summary: dict[str, Any] = {"grpo_steps": r.grpo_steps}
+        for split in EVAL_SPLITS:
+            gain, se = paired_gain(before[split], after[split])
+            summary.update({f"{split}_reward_sft": before[split].mean_reward,
+                            f"{split}_reward_final": after[split].mean_reward,
+                            f"{split}_gain": gain, f"{split}_gain_se": se,
+                            f"{split}_tasks": len(self.tasks[split])})
+        summary["test_by_family"] = {
+            family: [_family_mean(before["test"], family), _family_mean(after["test"], family)]
+            for family in sorted({t.data["family"] for t in self.tasks["test"]})}
+        summary.update({"elapsed_s": time.monotonic() - started, "timings_s": self.timings,
+                        "recipe": json.loads(r.model_dump_json())})
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        self.console.print(f"held-out mean reward: SFT {before:.3f} -> GRPO {after:.3f} "
-                           f"({after - before:+.3f}) in {summary['elapsed_s'] / 60:.1f} min")
+        for split in EVAL_SPLITS:
+            self.console.print(
+                f"{split} mean reward: SFT {summary[f'{split}_reward_sft']:.3f} -> GRPO "
+                f"{summary[f'{split}_reward_final']:.3f} ({summary[f'{split}_gain']:+.3f} "
+                f"+- {summary[f'{split}_gain_se']:.3f} s.e., {len(self.tasks[split])} tasks)",
+                markup=False)
+        self.console.print(f"{summary['elapsed_s'] / 60:.1f} min in all", markup=False)
         return summary
+
+
+# The splits evaluated at the SFT checkpoint and after GRPO (train is what GRPO trains on).
+EVAL_SPLITS = ("validation", "test")
+
+
+def _eval_metrics(results: dict[str, StepRollouts]) -> dict[str, float]:
+    return {f"{split}_{name}": value for split, result in results.items()
+            for name, value in (("reward", result.mean_reward), ("pass_rate", result.pass_rate))}
+
+
+def _task_means(step: StepRollouts) -> dict[str, float]:
+    rewards: dict[str, list[float]] = {}
+    for record in step.scored:
+        rewards.setdefault(record.task_id, []).append(record.reward or 0.0)
+    return {task: sum(values) / len(values) for task, values in rewards.items()}
+
+
+def _family_mean(step: StepRollouts, family: str) -> float:
+    means = [m for task, m in _task_means(step).items() if task.split("-")[0] == family]
+    return sum(means) / len(means) if means else 0.0
+
+
+def paired_gain(before: StepRollouts, after: StepRollouts) -> tuple[float, float]:
+    """The mean per-task reward change and its standard error, over the tasks scored at both
+    checkpoints (each task's attempts averaged first: the tasks are the independent units)."""
+    b, a = _task_means(before), _task_means(after)
+    diffs = [a[task] - b[task] for task in sorted(b.keys() & a.keys())]
+    if not diffs:
+        return 0.0, 0.0
+    mean = sum(diffs) / len(diffs)
+    if len(diffs) < 2:
+        return mean, 0.0
+    var = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
+    return mean, (var / len(diffs)) ** 0.5
 
 
 class DemoRecipeRunner(Recipe):
