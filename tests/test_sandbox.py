@@ -253,3 +253,23 @@ def test_scrub_reaches_a_workspace_beside_the_agents_folder(tmp_path: Path) -> N
     removed = scrub_agent(agent, view)
     assert [Path(r.split(" -> ")[0]).name for r in removed] == ["answer.txt"]
     assert (workspace / "notes.txt").is_symlink() and (agent / "home-link").is_symlink()
+
+
+@pytest.mark.parametrize("mode", ISOLATING_MODES)
+def test_checks_see_a_workspace_beside_the_agents_folder(tmp_path: Path, mode: str) -> None:
+    """In a Pod the workspace is a volume of its own: a check that runs the agent's code
+    there (`sandbox.verifier`) must find it in its view, readable and writable, or a correct
+    answer would score 0 as a failed command."""
+    from openforge.sandbox import verifier
+
+    agent, workspace, work = tmp_path / "agent", tmp_path / "workspace", tmp_path / "work"
+    for folder in (agent / "home", agent / "tmp", workspace, work):
+        folder.mkdir(parents=True)
+    (workspace / "answer.txt").write_text("42\n")
+    view = build_view(agent, workspace=workspace)
+    env = {"PATH": os.environ["PATH"], "HOME": str(agent / "home")}
+    with verifier.active(mode, view, agent, work, env):
+        ran = verifier.run(["/bin/sh", "-c", "cat answer.txt && echo done > checked.txt"],
+                           cwd=workspace, timeout_s=60)
+    assert (ran.returncode, ran.stdout) == (0, "42\n"), ran.stderr
+    assert (workspace / "checked.txt").read_text() == "done\n"

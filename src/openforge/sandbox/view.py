@@ -123,5 +123,10 @@ def build_view(agent_dir: Path, *, workspace: Path, programs: Iterable[Path | st
         if not any(_inside(path, b.src) for b in view.binds):
             view.binds.append(Bind(path, path))
     view.binds.append(Bind(agent, agent, rw=True))
+    # In a Pod the workspace is a volume of its own, not a folder of the agent's: the checks
+    # that run the agent's code there (sandbox.verifier) need it in their view too.
+    ws = os.path.realpath(workspace)
+    if not _inside(ws, agent) and exposes(ws) is None:
+        view.binds.append(Bind(ws, ws, rw=True))
     view.masks = [m for m in MASKED if os.path.exists(m)]
     return view
