@@ -19,6 +19,7 @@ checked exactly on a virtual clock in test_kubernetes_pods.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -552,15 +553,26 @@ _ORCHESTRATOR = textwrap.dedent("""
 """)
 
 
+@contextlib.asynccontextmanager
+async def crashed_orchestrator(tmp_path: Path, options: dict[str, Any],
+                               specs: list[RolloutSpec]) -> AsyncIterator[None]:
+    """An orchestrator process (`_ORCHESTRATOR`) that creates the Pods of `specs`, collects
+    none, and is SIGKILLed when the block ends: no finally, no close, a crash."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([options, [s.model_dump(mode="json") for s in specs]]))
+    crashed = subprocess.Popen([sys.executable, "-c", _ORCHESTRATOR, str(plan)])
+    try:
+        yield
+    finally:
+        crashed.send_signal(signal.SIGKILL)
+        crashed.wait()
+
+
 async def test_resume_after_sigkill_adopts_live_and_finished_pods(
         cluster: Cluster, kube: KubeApi, run_id: str, tmp_path: Path) -> None:
     quick, slow = {"seconds": 2}, {"seconds": 3}
     old = [make_spec(run_id, "WaitHarness", n=0, harness_options=quick)] + \
         [make_spec(run_id, "WaitHarness", n=i, harness_options=slow) for i in (1, 2)]
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps([cluster.executor_options(),
-                                [s.model_dump(mode="json") for s in old]]))
-    crashed = subprocess.Popen([sys.executable, "-c", _ORCHESTRATOR, str(plan)])
 
     async def until(check: Any) -> list[dict[str, Any]]:
         deadline = time.monotonic() + HANG_GUARD_S
@@ -575,13 +587,10 @@ async def test_resume_after_sigkill_adopts_live_and_finished_pods(
         return next((p["status"].get("phase", "") for p in pods
                      if p["metadata"]["name"] == pod_name(spec)), "")
 
-    try:
+    async with crashed_orchestrator(tmp_path, cluster.executor_options(), old):
         # The orchestrator made all three Pods and collects none: attempt 0 finishes while
         # nobody watches; then it dies for good.
         await until(lambda pods: len(pods) == 3 and phase_of(pods, old[0]) == "Succeeded")
-    finally:
-        crashed.send_signal(signal.SIGKILL)  # no finally, no close: a crash
-        crashed.wait()
     pods, _ = await kube.list_pods(run_selector(run_id))
     assert len(pods) == 3  # the crash left them all
 
@@ -635,15 +644,8 @@ async def test_leftover_pods_are_swept_and_strangers_under_our_name_replaced(
     impostor = spec.model_copy(update={"session_token": "someone-else",
                                        "harness": "executor_plugins:HangHarness"})
     assert pod_name(impostor) == pod_name(spec)
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps([cluster.executor_options(),
-                                [s.model_dump(mode="json") for s in (stale, impostor)]]))
-    crashed = subprocess.Popen([sys.executable, "-c", _ORCHESTRATOR, str(plan)])
-    try:
+    async with crashed_orchestrator(tmp_path, cluster.executor_options(), [stale, impostor]):
         await wait_agents_running(kube, run_id, 2)
-    finally:
-        crashed.send_signal(signal.SIGKILL)
-        crashed.wait()
     result, executor = await run_alone(cluster, spec, adopt_window_s=0)
     assert result.status == "ok", result.error
     assert executor.stats["adopted"] == 0 and executor.stats["created"] == 1
@@ -664,15 +666,9 @@ async def test_strangers_under_our_name_are_deleted_gracefully_then_forced(
     # start), one made outside the run (met as 409 AlreadyExists when creating).
     found, met = make_spec(run_id), make_spec(run_id, n=1)
     impostor = found.model_copy(update={"harness": "executor_plugins:HangHarness"})
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps([{**cluster.executor_options(), "node_selector": {"pool": "lost"}},
-                                [impostor.model_dump(mode="json")]]))
-    crashed = subprocess.Popen([sys.executable, "-c", _ORCHESTRATOR, str(plan)])
-    try:
+    lost = {**cluster.executor_options(), "node_selector": {"pool": "lost"}}
+    async with crashed_orchestrator(tmp_path, lost, [impostor]):
         await wait_agents_running(kube, run_id, 1)
-    finally:
-        crashed.send_signal(signal.SIGKILL)
-        crashed.wait()
     stranger = client.V1Pod(
         metadata=client.V1ObjectMeta(name=pod_name(met)),
         spec=client.V1PodSpec(
