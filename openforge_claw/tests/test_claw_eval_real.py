@@ -3,7 +3,8 @@ to a checkout (its root, holding tasks/, mock_services/ and src/claw_eval). Ever
 300 tasks loads; the runnable and skipped counts, by reason, are docs/claw.md's table
 (measured at commit 9365e1a); the 12 scripted solutions (solutions/claw_eval_mini.yaml) pass
 the tasks' own graders through `mini`, with their services and tool proxy, and their wrong
-twins fail.
+twins fail; a do-nothing policy is scored on every runnable task and passes none; the
+report's Claw-Eval pass@k / pass^k estimators equal the checkout's own on trials that differ.
 """
 
 from __future__ import annotations

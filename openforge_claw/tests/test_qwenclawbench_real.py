@@ -2,7 +2,9 @@
 OPENFORGE_QCB_PATH to a checkout (its root, holding data/ and scripts/). Every task loads;
 the scripted solutions in openforge_claw/solutions pass the benchmark's own graders through
 `mini` (and, with OPENFORGE_E2E=1, through OpenClaw) and their wrong twins fail; pass@k and
-pass^k equal what the benchmark's own scripts/lib_grading.py computes from the same runs.
+pass^k equal what the benchmark's own scripts/lib_grading.py computes from the same runs (all
+passing, and coin-flip trials that differ); a do-nothing policy is scored by every task's
+checks (on every fifth task) and passes none.
 """
 
 from __future__ import annotations
