@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from openforge.report import request_messages, response_parts, write_report
@@ -86,3 +87,30 @@ def test_a_violation_is_a_scored_failure_in_the_behaviours_section() -> None:
     assert b["unscored_trials"] == 2
     assert b["failure_categories"] == {"plugin_error": 1, "timeout": 1,
                                        "wrong_final_state": 2}
+
+
+def test_claw_eval_runs_get_its_per_task_estimators_beside_the_all_any_counts() -> None:
+    """Claw-Eval's compute_pass_at_k (1 - C(n-c,k)/C(n,k), 0 when k > n) and
+    compute_pass_hat_k ((c/n)^k) over each task's scored trials, mean over tasks; the
+    leaderboard all/any counts stay as they were. Runs of other graders get none."""
+    from openforge.report.behaviours import analyse, behaviours_html
+
+    def attempt(task: str, n: int, status: str, passed: bool = False) -> dict[str, object]:
+        return {"task_id": task, "attempt": n, "status": status, "passed": passed,
+                "reward_details": {"benchmark": "claw-eval"}}
+
+    attempts = [attempt("a", 0, "ok", True), attempt("a", 1, "ok"), attempt("a", 2, "ok", True),
+                attempt("b", 0, "ok"), attempt("b", 1, "infra_error"), attempt("b", 2, "ok"),
+                attempt("c", 0, "infra_error"), attempt("c", 1, "timeout"),
+                attempt("c", 2, "plugin_error")]
+    b = analyse({"summary": {"k": 3}, "attempts": attempts}, {})
+    assert b["pass_hat_k"] == {"3": 0.0} and b["pass_at_k"] == {"3": 1 / 3}
+    estimators = b["claw_eval_estimators"]
+    # a: n=3, c=2; b: n=2, c=0 (its errored trial left out); c: nothing scored, 0.
+    assert estimators["tasks"] == 3
+    assert estimators["pass_at_k"] == pytest.approx({"1": 2 / 9, "2": 1 / 3, "3": 1 / 3})
+    assert estimators["pass_hat_k"] == pytest.approx({"1": 2 / 9, "2": 4 / 27, "3": 8 / 81})
+    assert "Claw-Eval's per-task estimators" in behaviours_html(b)
+    for a in attempts:
+        a["reward_details"] = {}
+    assert analyse({"summary": {"k": 3}, "attempts": attempts}, {})["claw_eval_estimators"] is None

@@ -273,3 +273,48 @@ def test_checks_see_a_workspace_beside_the_agents_folder(tmp_path: Path, mode: s
                            cwd=workspace, timeout_s=60)
     assert (ran.returncode, ran.stdout) == (0, "42\n"), ran.stderr
     assert (workspace / "checked.txt").read_text() == "done\n"
+
+
+
+
+@pytest.mark.parametrize("mode", ISOLATING_MODES)
+def test_an_ended_sandbox_keeps_its_namespace_number_while_it_is_swept(
+        tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the harness ends, the sandbox's PID namespace is swept for leftovers by its
+    number, and the kernel reuses the numbers of freed namespaces for new ones: the
+    supervisor holds the namespace open through every sweep, so no concurrent rollout's
+    sandbox (its agent's, its grader's) can be given that number and be killed for it."""
+    from openforge.harness import Command
+    from openforge.sandbox import agent
+
+    def open_namespaces() -> set[str]:
+        fds = Path("/proc/self/fd")
+        links = {_readlink(fds / fd) for fd in os.listdir(fds)}
+        return {link for link in links if link.startswith("pid:[")}
+
+    held_during: list[bool] = []
+    sweep = agent.ns_members
+
+    def members(namespace: str) -> list[int]:
+        held_during.append(namespace in open_namespaces())
+        return sweep(namespace)
+
+    monkeypatch.setattr(agent, "ns_members", members)
+    workspace = tmp_path / "agent" / "workspace"
+    workspace.mkdir(parents=True)
+    view = build_view(tmp_path / "agent", workspace=workspace, programs=[], data=[],
+                      protected=[])
+    exit_ = agent.run_agent(mode, Command(argv=["true"], cwd=workspace),
+                            env={"PATH": "/usr/bin:/bin"}, view=view, work_dir=tmp_path,
+                            stdout=tmp_path / "out", stderr=tmp_path / "err", timeout_s=60,
+                            trusted=set())
+    assert exit_.returncode == 0, (tmp_path / "err").read_text()
+    assert held_during and all(held_during)
+    assert not open_namespaces()  # and lets go of it after
+
+
+def _readlink(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:  # not a link, or closed meanwhile (the listing's own descriptor)
+        return ""

@@ -2,7 +2,9 @@
 OPENFORGE_QCB_PATH to a checkout (its root, holding data/ and scripts/). Every task loads;
 the scripted solutions in openforge_claw/solutions pass the benchmark's own graders through
 `mini` (and, with OPENFORGE_E2E=1, through OpenClaw) and their wrong twins fail; pass@k and
-pass^k equal what the benchmark's own scripts/lib_grading.py computes from the same runs.
+pass^k equal what the benchmark's own scripts/lib_grading.py computes from the same runs (all
+passing, and coin-flip trials that differ); a do-nothing policy is scored by every task's
+checks (on every fifth task) and passes none.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ def test_every_real_task_loads() -> None:
                for t in tasks)
 
 
-def _run(harness: str, script: Path, runs: Path, k: int):
+def _run(harness: str, script: Path, runs: Path, k: int, tasks: list[str] | None = None):
+    """The scripted `script` through `harness` on `tasks` (default: the solved ones), k
+    trials each, scored by the automated checks: (run directory, results)."""
     from openforge.config import EngineConfig, RunConfig
     from openforge.runner import read_results, run_from_config
     from openforge.types import SamplingParams
@@ -51,7 +55,7 @@ def _run(harness: str, script: Path, runs: Path, k: int):
         sampling=SamplingParams(max_tokens=4096),
         harness_options={"max_tokens": 4096} if harness == "mini" else {},
         environment_options={"path": str(Path(ROOT or ".") / DATASET), "scoring": "automated"},
-        tasks=_solved_ids(), timeout_s=300, runs_dir=runs,
+        tasks=_solved_ids() if tasks is None else tasks, timeout_s=300, runs_dir=runs,
         engine=EngineConfig(name="scripted", options={"script": str(script)}))
     result = run_from_config(config)
     return result.run_dir, read_results(result.run_dir)
@@ -97,3 +101,50 @@ def test_solutions_pass_the_benchmarks_graders_and_wrong_ones_fail(
                     tmp_path / "wrong", 1)
     assert len(wrong) == 10 and all(r.status == "ok" and not r.passed for r in wrong)
     assert _benchmark_pass_k(wrong, 1)["pass@1"] == 0.0
+
+
+def _every_fifth() -> list[str]:
+    return sorted(t.id for t in load_tasks(Path(ROOT or ".") / DATASET))[::5]
+
+
+def test_a_do_nothing_policy_is_scored_by_every_tasks_grader_and_passes_none(
+        tmp_path: Path) -> None:
+    """One final answer ("Done."), no tool call, scored by each task's own automated checks
+    (scoring=automated). On every fifth task by id (20: task_00001, task_00006, ...,
+    task_00096), as all 100 take ~3-5 minutes on 2 cores (docs/claw.md has that run):
+    every one scored, none passed; task_00001 gives partial credit for doing nothing
+    (0.25), task_00096's grader raises on the empty workspace (0, as the benchmark)."""
+    idle = tmp_path / "idle.yaml"
+    idle.write_text(yaml.safe_dump([{"replies": [{"content": "Done."}]}]))
+    tasks = _every_fifth()
+    _, results = _run("mini", idle, tmp_path / "runs", 1, tasks=tasks)
+    assert sorted(r.task_id for r in results) == tasks and len(tasks) == 20
+    assert all(r.status == "ok" and not r.passed for r in results), [
+        (r.task_id, r.status, r.error) for r in results if r.status != "ok" or r.passed]
+    # Each scored by its own checks (an `automated` task's is its full benchmark score).
+    assert all(r.reward_details["scoring"] in ("automated-only", "benchmark")
+               and r.reward_details["automated_breakdown"] is not None for r in results)
+    credited = {r.task_id[:10]: r.reward for r in results if r.reward}
+    raised = [r.task_id[:10] for r in results if r.reward_details.get("grader_error")]
+    assert credited == {"task_00001": 0.25} and raised == ["task_00096"]
+
+
+def test_pass_k_equals_the_benchmarks_own_on_trials_that_differ(tmp_path: Path) -> None:
+    """The coin-flip script (each solution's last step done with probability 1/2) on 4
+    solved tasks and one it answers "Done." (task_00001, never a pass), k=4: the report's
+    pass@k and pass^k for k=1..4 equal scripts/lib_grading.pass_k_stats on the same per-run
+    scores (its 4-decimal rounding). Mixed unless all 16 coins land alike (p = 2^-15)."""
+    import json
+
+    tasks = _solved_ids()[:4] + [_every_fifth()[0]]
+    run_dir, results = _run("mini", SOLUTIONS / "qwenclawbench_coinflip_mini.yaml",
+                            tmp_path / "runs", 4, tasks=tasks)
+    assert len(results) == 20 and all(r.status == "ok" for r in results), [
+        (r.task_id, r.status, r.error) for r in results if r.status != "ok"]
+    passed = sum(r.passed for r in results)
+    assert 0 < passed < 16, "every coin landed alike: the comparison would be trivial"
+    report = json.loads((run_dir / "report.json").read_text())
+    theirs = _benchmark_pass_k(results, 4)
+    for i in range(1, 5):
+        assert round(report["pass_at_k"][str(i)], 4) == theirs[f"pass@{i}"]
+        assert round(report["pass_hat_k"][str(i)], 4) == theirs[f"pass^{i}"]

@@ -7,6 +7,13 @@ coverage per harness, and the behaviours the OpenForgeRL analysis looks at.
   `pass_hat_k` are the unbiased estimators over scored attempts; with exactly k scored
   attempts per task the two agree, and the section says how many trials it counted as
   failures for want of a score.)
+- **Claw-Eval's per-task estimators**, in runs scored by Claw-Eval's graders (reward details
+  `benchmark: claw-eval`): its `compute_pass_at_k` / `compute_pass_hat_k`
+  (`src/claw_eval/models/scoring.py`) over each task's scored trials (n, c passed; its
+  cli leaves errored trials out, as this leaves out unscored ones): pass@k = 1 - C(n-c, k)
+  / C(n, k) (0 when k > n), pass^k = (c/n)^k, a task without a scored trial 0; the mean
+  over tasks for k = 1..k. Its cli prints pass@1 and pass^n per task; the all/any counts
+  above are its batch summary.
 - **failure categories** per attempt: `timeout`, `infra_error` and `plugin_error` from the
   rollout status;
   otherwise the reward's own `details["category"]` (`tool_error`, `wrong_final_state`,
@@ -23,6 +30,7 @@ coverage per harness, and the behaviours the OpenForgeRL analysis looks at.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from typing import Any
@@ -76,6 +84,27 @@ def _tool_results(calls: list[Call]) -> list[str]:
     return [text for role, text, _ in request_messages(calls[-1]) if role == "tool"]
 
 
+def claw_eval_estimators(by_task: dict[str, list[dict[str, Any]]], k: int) -> dict[str, Any]:
+    """Claw-Eval's per-task pass@k and pass^k estimators, mean over tasks (module doc)."""
+    counts = []
+    for attempts in by_task.values():
+        scored = [a for a in attempts if a["status"] in SCORED_STATUSES]
+        counts.append((len(scored), sum(bool(a["passed"]) for a in scored)))
+
+    def at(n: int, c: int, i: int) -> float:
+        return 1.0 - math.comb(n - c, i) / math.comb(n, i) if 0 < i <= n else 0.0
+
+    def hat(n: int, c: int, i: int) -> float:
+        return (c / n) ** i if n else 0.0
+
+    t = len(counts) or 1
+    return {"tasks": len(counts),
+            "pass_at_k": {str(i): sum(at(n, c, i) for n, c in counts) / t
+                          for i in range(1, k + 1)},
+            "pass_hat_k": {str(i): sum(hat(n, c, i) for n, c in counts) / t
+                           for i in range(1, k + 1)}}
+
+
 def analyse(data: dict[str, Any], calls: dict[str, list[Call]]) -> dict[str, Any]:
     """The behaviours section of a report dict (`build_report`'s) and its recorded calls."""
     k = int(data["summary"]["k"])
@@ -124,10 +153,13 @@ def analyse(data: dict[str, Any], calls: dict[str, list[Call]]) -> dict[str, Any
 
     coverage = len(set(used) & offered) / len(offered) if offered else None
     plan = plan_completions or completions
+    claw_eval = any((a.get("reward_details") or {}).get("benchmark") == "claw-eval"
+                    for a in data["attempts"])
     return {
         "k": k,
         "pass_hat_k": {str(k): sum(bool(t["pass_hat_k"]) for t in per_task) / n},
         "pass_at_k": {str(k): sum(bool(t["pass_at_k"]) for t in per_task) / n},
+        "claw_eval_estimators": claw_eval_estimators(by_task, k) if claw_eval else None,
         "per_task": per_task,
         "unscored_trials": unscored,
         "failure_categories": dict(sorted(categories.items())),
@@ -163,11 +195,19 @@ def behaviours_html(b: dict[str, Any] | None) -> str:
                     + "</td></tr>" for h, v in b["tool_coverage"].items())
     beh = b["behaviours"]
     unscored = b.get("unscored_trials", 0)
+    estimators = ""
+    if b.get("claw_eval_estimators"):
+        e = b["claw_eval_estimators"]
+        figures = ", ".join(f"pass@{i} {fmt(e['pass_at_k'][i])} / pass^{i} "
+                            f"{fmt(e['pass_hat_k'][i])}" for i in e["pass_at_k"])
+        estimators = (f"<p>Claw-Eval's per-task estimators (its models/scoring.py, over each "
+                      f"task's scored trials: pass@k = 1 - C(n-c,k)/C(n,k), pass^k = (c/n)^k; "
+                      f"mean over {e['tasks']} tasks): {figures}.</p>")
     return (f"<h2>Behaviours</h2><p>Counted the leaderboard way: every trial, the "
             f"{unscored} not scored (plugin errors, infrastructure failures) as failed. "
             f"pass^{k} (all {k} trials pass) {fmt(b['pass_hat_k'][k])}, "
             f"pass@{k} (any passes) {fmt(b['pass_at_k'][k])}. Failure categories: "
-            f"{cats or 'none'}.</p><p>Self-verification {fmt(beh['self_verification'])}, "
+            f"{cats or 'none'}.</p>{estimators}<p>Self-verification {fmt(beh['self_verification'])}, "
             f"error recovery {fmt(beh['error_recovery'])} (over "
             f"{beh['attempts_with_tool_errors']} attempts with tool errors), plan completion "
             f"{fmt(beh['plan_completion'])}.</p>"

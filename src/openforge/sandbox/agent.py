@@ -188,6 +188,7 @@ def _run_isolated(mode: SandboxMode, command: Command, *, env: dict[str, str], v
     finally:
         os.close(info_w)
         os.close(status_w)
+    held = None
     try:
         try:
             info = _read_info(info_r, until_eof=mode == "namespaces")
@@ -196,6 +197,9 @@ def _run_isolated(mode: SandboxMode, command: Command, *, env: dict[str, str], v
         child = info.get("child-pid")
         namespace = (f"pid:[{info['pid-namespace']}]" if info.get("pid-namespace")
                      else pid_namespace(int(child)) if child else None)
+        held = _hold(int(child), namespace) if child and namespace else None
+        if held is None:  # it ended already: nothing of it to sweep, and its number is free
+            namespace = None
         if info.get("error") or child is None:
             _kill(proc, child, namespace)  # PID 1 dies with its parent anyway
             tail = stderr.read_bytes()[-1500:].decode(errors="replace").strip() \
@@ -216,6 +220,8 @@ def _run_isolated(mode: SandboxMode, command: Command, *, env: dict[str, str], v
         status = _read_status(status_r)
     finally:
         os.close(status_r)
+        if held is not None:
+            os.close(held)
     if status is None:  # PID 1 never reported: it was killed (the timeout) or died
         code = None if timed_out else proc.returncode
         return AgentExit(code, timed_out, time.monotonic() - started)
@@ -239,6 +245,22 @@ def _read_status(fd: int) -> dict[str, Any] | None:
         return None
     ok = isinstance(status, dict) and ("exit" in status or "exec_error" in status)
     return status if ok else None
+
+
+def _hold(child: int, namespace: str) -> int | None:
+    """A descriptor of the sandbox's PID namespace, so that its number stays its own until
+    we know its processes gone: the kernel reuses the numbers of freed namespaces, and a
+    sweep by number would then kill a concurrent rollout's new sandbox (its agent, or a
+    grader run in bubblewrap, which then ends with exit code 137). None when the namespace
+    is gone already."""
+    try:
+        fd = os.open(f"/proc/{child}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if f"pid:[{os.fstat(fd).st_ino}]" != namespace:  # the pid is another process's now
+        os.close(fd)
+        return None
+    return fd
 
 
 def _kill(proc: subprocess.Popen[bytes], child: Any, namespace: str | None = None) -> None:

@@ -79,7 +79,8 @@ def grade(spec: ClawEvalTask, prompt: str, final_state: dict[str, Any], calls: l
                           f"{done.output}")
     details = {key: result[key] for key in ("grader", "completion", "robustness", "safety",
                                             "communication", "task_score", "judge_calls")}
-    details.update(category=category(result["passed"], result["safety"], dispatch_list),
+    details.update(benchmark="claw-eval",  # the report adds its pass@k / pass^k estimators
+                   category=category(result["passed"], result["safety"], dispatch_list),
                    task_category=category_name, dispatches=len(dispatch_list),
                    tools_called=sorted({d["tool_name"] for d in dispatch_list}),
                    service_urls=state.get("service_urls") or {})
