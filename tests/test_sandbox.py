@@ -275,8 +275,6 @@ def test_checks_see_a_workspace_beside_the_agents_folder(tmp_path: Path, mode: s
     assert (workspace / "checked.txt").read_text() == "done\n"
 
 
-
-
 @pytest.mark.parametrize("mode", ISOLATING_MODES)
 def test_an_ended_sandbox_keeps_its_namespace_number_while_it_is_swept(
         tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
