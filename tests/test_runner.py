@@ -23,8 +23,7 @@ from openforge.store import Store
 HERE = Path(__file__).parent
 FULL = HERE / "demo_solutions.yaml"
 HALF = HERE / "demo_half_solutions.yaml"
-# How long a clean stop may take before the test calls it hung: a guard, not a bound on speed
-# (CI at a load average of 10 on 2 cores once took over 60 s).
+# How long a clean stop may take before the test calls it hung: a guard, not a bound on speed.
 HANG_GUARD_S = 240
 
 
@@ -102,8 +101,14 @@ def _start_run(tmp_path: Path, resume: Path | None = None) -> subprocess.Popen[s
     # The gates' folder on the Python path: an isolated rollout sees the Python paths
     # (read-only, as mounts: a gate opened later shows), not the test's /tmp.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(tmp_path / "gates")])}
+    # Ctrl-C as a terminal sends it: with SIGINT's default disposition, which a runner started
+    # from a background job (whose shell ignores SIGINT, and so would it) does not have.
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+                            env=env, preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _open_next_gate(tmp_path: Path, proc: subprocess.Popen[str]) -> None:
