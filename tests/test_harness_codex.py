@@ -91,6 +91,20 @@ def test_extra_config_is_merged_last(ctx: HarnessContext) -> None:
     assert config["model_reasoning_effort"] == "low"
 
 
+def test_instructions_replace_codexs_own_and_live_in_the_rollouts_home(
+        ctx: HarnessContext) -> None:
+    """`instructions` is written into the rollout's CODEX_HOME (the sandbox sees it there)
+    and named by `model_instructions_file`; without it Codex keeps its own."""
+    CodexHarness().prepare(ctx)
+    assert "model_instructions_file" not in tomllib.loads(
+        (ctx.home / ".codex/config.toml").read_text())
+    CodexHarness(instructions="Do the task with one command.").prepare(ctx)
+    config = tomllib.loads((ctx.home / ".codex/config.toml").read_text())
+    path = Path(config["model_instructions_file"])
+    assert path.parent == ctx.home / ".codex"
+    assert path.read_text() == "Do the task with one command."
+
+
 def test_command_is_headless_and_isolated(ctx: HarnessContext, fake_codex: Path) -> None:
     cmd = CodexHarness().command(ctx)
     assert cmd.argv[0] == str(fake_codex.resolve())

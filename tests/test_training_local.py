@@ -478,6 +478,34 @@ def test_demo_splits_refuse_an_unknown_split():
         demo_tasks.instances("dev")
 
 
+def test_the_teacher_calls_each_harnesss_own_shell_tool(tmp_path):
+    """The demonstrations use the harness's shell tool and its argument name (Codex's
+    `exec_command` / `cmd`), with the same commands; a harness the teacher does not know,
+    or a non-shell family outside `mini`, is refused with a message."""
+    import yaml
+
+    from openforge.training import demo_tasks
+    from openforge.training.recipes import DemoRecipe
+
+    env = demo_tasks.FamilyEnvironment(train_per_family=2, families=["clean", "archive"])
+    tasks = list(env.tasks("train"))
+    mini = yaml.safe_load(demo_tasks.teacher_script(tasks, tmp_path / "m.yaml").read_text())
+    codex = yaml.safe_load(demo_tasks.teacher_script(tasks, tmp_path / "c.yaml",
+                                                     harness="codex").read_text())
+    assert [e["match"] for e in mini] == [e["match"] for e in codex]
+    for m, c in zip(mini, codex, strict=True):
+        [m_call], [c_call] = m["replies"][0]["tool_calls"], c["replies"][0]["tool_calls"]
+        assert m_call["name"] == "shell" and c_call["name"] == "exec_command"
+        assert c_call["arguments"] == {"cmd": m_call["arguments"]["command"]}
+    with pytest.raises(ValueError, match="knows the shell tool of mini, codex"):
+        demo_tasks.teacher_script(tasks, tmp_path / "x.yaml", harness="opencode")
+    writes = list(demo_tasks.FamilyEnvironment(train_per_family=1, families=["write"]).tasks())
+    with pytest.raises(ValueError, match="needs mini's write_file tool"):
+        demo_tasks.teacher_script(writes, tmp_path / "w.yaml", harness="codex")
+    with pytest.raises(ValueError, match="harness 'opencode'"):
+        DemoRecipe(harness="opencode")
+
+
 def test_noisy_teacher_demonstrates_the_mistake_on_its_share_of_each_family(tmp_path):
     """`teacher_accuracy` 0.5: per family, half the train tasks get the right command and half
     the plausible mistake, in the scripted engine's script."""
@@ -605,9 +633,9 @@ def test_paired_gain_averages_each_tasks_attempts_and_gives_the_standard_error()
 
 
 def test_the_learning_gate_fails_below_its_threshold(tmp_path: Path, capsys) -> None:
-    """`bench_train_demo.py --min-test-gain G` exits 1 (REGRESSION) when the test gain is
-    below G and 0 when it is not; a gain cannot exceed 1, so 1.01 always fails and -1.01
-    never does."""
+    """`bench_train_demo.py --min-validation-gain G` (and `--min-test-gain G`) exits 1
+    (REGRESSION) when that split's gain is below G and 0 when it is not; a gain cannot
+    exceed 1, so 1.01 always fails and -1.01 never does."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -619,7 +647,41 @@ def test_the_learning_gate_fails_below_its_threshold(tmp_path: Path, capsys) -> 
            "validation_per_family=1", "test_per_family=1", "sft_epochs=1", "grpo_steps=1",
            "tasks_per_step=2", "k=2", "eval_k=1"]
     argv = ["--output-dir", str(tmp_path / "gate"), *(a for kv in toy for a in ("--set", kv))]
-    assert bench.main([*argv, "--min-test-gain", "1.01"]) == 1
-    assert "REGRESSION: test gain" in capsys.readouterr().out
-    assert bench.main([*argv, "--min-test-gain", "-1.01", "--set", "fresh=false"]) == 0
-    assert "ok: test gain" in capsys.readouterr().out
+    assert bench.main([*argv, "--min-validation-gain", "1.01"]) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSION: validation gain" in out and "test gain" not in out
+    resumed = [*argv, "--set", "fresh=false"]
+    assert bench.main([*resumed, "--min-validation-gain", "-1.01", "--min-test-gain", "1.01"]) == 1
+    out = capsys.readouterr().out
+    assert "ok: validation gain" in out and "REGRESSION: test gain" in out
+    assert bench.main([*resumed, "--min-validation-gain", "-1.01", "--min-test-gain", "-1.01"]) == 0
+    out = capsys.readouterr().out
+    assert "ok: validation gain" in out and "ok: test gain" in out
+
+
+def test_evaluations_draw_common_random_numbers_so_unchanged_weights_gain_exactly_zero(
+        tmp_path: Path) -> None:
+    """The recipe's two evaluations sample attempt j of a task with the same seed: with a
+    learning rate of 0 (weights unchanged) every evaluated attempt's completions are the
+    same at both checkpoints, so the gains are exactly 0, while two attempts of one task
+    still draw differently (the sampling is random, only repeated)."""
+    from openforge.store import Store
+    from openforge.training.recipes import run_recipe
+
+    out = tmp_path / "lr0"
+    summary = run_recipe("demo", None, [
+        f"output_dir={out}", "model=tiny", "families=[clean,tally]", "train_per_family=2",
+        "validation_per_family=1", "test_per_family=1", "sft_epochs=1", "grpo_steps=1",
+        "tasks_per_step=2", "k=2", "eval_k=2", "grpo_learning_rate=0.0", "max_tokens=24"])
+    with Store(out / "rollouts" / "store.sqlite") as store:
+        def completions(run_id: str) -> dict[tuple[str, int], list[list[int]]]:
+            return {(s.task_id, int(s.metadata["attempt"])):
+                    [c.completion_ids for c in store.list_calls(s.id)]
+                    for s in store.list_sessions(run_id)}
+
+        for split in ("validation", "test"):
+            before, after = completions(f"{split}-sft"), completions(f"{split}-final")
+            assert len(before) == 2 * summary[f"{split}_tasks"] and before == after
+            assert summary[f"{split}_gain"] == 0.0
+            for task in {t for t, _ in before}:
+                assert before[(task, 0)] != before[(task, 1)]

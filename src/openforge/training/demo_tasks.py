@@ -319,21 +319,38 @@ def teacher_choices(tasks: Iterable[Task], accuracy: float = 1.0,
     return right
 
 
+# Each harness's own shell tool, as (tool name, argument that holds the command): the
+# teacher demonstrates the harness's real tool, so the policy learns to call what that
+# harness offers. `mini`'s `write_file` is the only non-shell tool a family uses.
+SHELL_TOOLS = {"mini": ("shell", "command"), "codex": ("exec_command", "cmd"),
+               "claude-code": ("Bash", "command")}
+
+
 def teacher_script(tasks: Iterable[Task], path: Path, accuracy: float = 1.0,
-                   seed: int = 0) -> Path:
+                   seed: int = 0, harness: str = "mini") -> Path:
     """Write the scripted engine's solution for each task: one tool call, then "Done.".
 
     With `accuracy` < 1 the teacher is noisy (see `teacher_choices`): its demonstrations
-    are what a cloned policy learns, mistakes included.
+    are what a cloned policy learns, mistakes included. The tool call is `harness`'s own
+    shell tool (`SHELL_TOOLS`).
     """
+    if harness not in SHELL_TOOLS:
+        raise ValueError(f"the demo teacher knows the shell tool of {', '.join(SHELL_TOOLS)}; "
+                         f"not of {harness!r}")
+    tool, argument = SHELL_TOOLS[harness]
     tasks = list(tasks)
     right = teacher_choices(tasks, accuracy, seed)
     entries = []
     for task in tasks:
         inst = _parse_id(task.id)
         arguments = inst.arguments if right[task.id] or inst.wrong is None else inst.wrong
+        if inst.tool == "shell":
+            call = {"name": tool, "arguments": {argument: arguments["command"]}}
+        elif harness == "mini":
+            call = {"name": inst.tool, "arguments": arguments}
+        else:
+            raise ValueError(f"family {inst.family!r} needs mini's {inst.tool} tool")
         entries.append({"match": "^" + re.escape(inst.prompt) + "$", "replies": [
-            {"tool_calls": [{"name": inst.tool, "arguments": arguments}]},
-            {"content": "Done."}]})
+            {"tool_calls": [call]}, {"content": "Done."}]})
     path.write_text(yaml.safe_dump(entries, sort_keys=False))
     return path

@@ -197,17 +197,20 @@ async def grpo_loop(run: TrainingRun, collector: Any, tasks: list[Task], k: int,
     """GRPO with fresh rollouts of the current policy at every step, until `steps` steps.
 
     `collector` is a started `RolloutCollector` whose `local` engine serves the policy; the
-    new weights are loaded into it after each step, stamped with the step number.
+    new weights are loaded into it after each step, stamped with the step number. Each
+    step's attempts sample with seeds derived from `options.seed` and the step, so a run
+    repeated with the same seed on the same machine draws the same rollouts.
     """
     from openforge.training.rollouts import TrainingError
 
     opts = run.options
     collector.push_weights(run.policy.state_dict(), run.policy.step)
     while run.policy.step < steps:
-        rng = random.Random(opts.seed * 1_000_003 + run.policy.step)
-        chosen = tasks if opts.tasks_per_step is None else rng.sample(
+        step_seed = opts.seed * 1_000_003 + run.policy.step
+        chosen = tasks if opts.tasks_per_step is None else random.Random(step_seed).sample(
             tasks, min(opts.tasks_per_step, len(tasks)))
-        rollouts = await collector.collect(chosen, k, f"{tag}-step{run.policy.step}")
+        rollouts = await collector.collect(chosen, k, f"{tag}-step{run.policy.step}",
+                                           seed=step_seed)
         if not rollouts.samples:
             raise TrainingError(f"step {run.policy.step}: no usable rollouts (all "
                                 f"{len(rollouts.records)} attempts failed); see "

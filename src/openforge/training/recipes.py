@@ -48,6 +48,12 @@ class DemoRecipe(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     output_dir: Path = Path("runs/train-demo")
+    # The harness every rollout runs through: the teacher's demonstrations, GRPO and the
+    # evaluations alike, so the policy trains on that harness's own traffic. `mini` (the
+    # default), or `codex` (the real Codex CLI: the harness-native recipe, docs/training.md).
+    harness: str = "mini"
+    # None: HARNESS_PRESETS' options for `harness` (made for the 4-layer model's context).
+    harness_options: dict[str, Any] | None = None
     model: str = "recipe"  # "recipe" (hidden 128, 4 layers), "tiny", or a model folder
     fresh: bool = True  # start over (delete output_dir); false resumes finished phases
     train_per_family: int = Field(default=10, ge=1)
@@ -92,11 +98,22 @@ class DemoRecipe(BaseModel):
     # prompts (docs/training.md).
     temperature: float = 0.7
     eval_k: int = Field(default=3, ge=1)  # attempts per evaluated task at each evaluation
+    # Both evaluations sample attempt j of a task with the same seed (common random
+    # numbers): the gain then measures what GRPO changed in the weights, not sampling luck
+    # (with unchanged weights it is exactly 0), and its spread over tasks is smaller.
+    eval_common_seeds: bool = True
     seed: int = 0
     use_verl: bool | None = None
     # Intra-op threads for training and the in-process engine. One is fastest on a small,
     # shared CPU: with two, every op's thread barrier waits on the busier core.
     torch_threads: int | None = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _teacher_knows_the_harness(self) -> DemoRecipe:
+        if self.harness not in demo_tasks.SHELL_TOOLS:
+            raise ValueError(f"harness {self.harness!r}: the demo teacher knows the shell tool "
+                             f"of {', '.join(demo_tasks.SHELL_TOOLS)}")
+        return self
 
     @model_validator(mode="after")
     def _adam_needs_the_same_parameters(self) -> DemoRecipe:
@@ -106,10 +123,30 @@ class DemoRecipe(BaseModel):
         return self
 
 
+# Codex's own base instructions and optional tools (sub-agents, goals, skills) are ~5k
+# tokens: more than the 4-layer model's 4,096-token context holds with a task. Replaced by
+# one line and turned off, the prompt is ~1.8k tokens; the shell tool (`exec_command`), its
+# `write_stdin`, Codex's environment context and its Responses wire format stay as they are.
+CODEX_INSTRUCTIONS = ("You are a coding agent in a workspace. Do the task with one shell "
+                      "command, then answer Done.")
+CODEX_FEATURES_OFF = {"multi_agent": False, "goals": False, "skills": False}
+
+
+def harness_options(recipe: DemoRecipe) -> dict[str, Any]:
+    """The rollouts' harness options: `recipe.harness_options`, else the preset."""
+    if recipe.harness_options is not None:
+        return recipe.harness_options
+    if recipe.harness == "codex":
+        return {"instructions": CODEX_INSTRUCTIONS,
+                "config": {"features": CODEX_FEATURES_OFF}}
+    if recipe.harness == "mini":
+        return {"max_steps": recipe.max_steps, "max_tokens": recipe.max_tokens}
+    return {}
+
+
 def _run_config(recipe: DemoRecipe, model_dir: Path, engine: EngineConfig) -> RunConfig:
     return RunConfig(
-        harness="mini", harness_options={"max_steps": recipe.max_steps,
-                                         "max_tokens": recipe.max_tokens},
+        harness=recipe.harness, harness_options=harness_options(recipe),
         environment=demo_tasks.ENV_TARGET,
         environment_options={"train_per_family": recipe.train_per_family,
                              "validation_per_family": recipe.validation_per_family,
@@ -154,7 +191,8 @@ class DemoPipeline:
             return samples_dir
         tasks = self.tasks["train"]
         script = demo_tasks.teacher_script(tasks, self.out / "teacher.yaml",
-                                           self.recipe.teacher_accuracy, self.recipe.seed)
+                                           self.recipe.teacher_accuracy, self.recipe.seed,
+                                           self.recipe.harness)
         engine = EngineConfig(name="scripted", model=str(model_dir), options={"script": str(script)})
         work = self.out / "teacher"
         async with RolloutCollector(_run_config(self.recipe, model_dir, engine), work) as collector:
@@ -191,8 +229,9 @@ class DemoPipeline:
         """Mean reward on the validation and the test tasks at the current weights."""
         results = {}
         for split in EVAL_SPLITS:
+            seed = self.recipe.seed if self.recipe.eval_common_seeds else None
             result = await collector.collect(self.tasks[split], self.recipe.eval_k,
-                                             f"{split}-{tag}")
+                                             f"{split}-{tag}", seed=seed)
             self.console.print(f"[eval {tag}] {split} mean reward {result.mean_reward:.3f}, "
                                f"pass rate {result.pass_rate:.3f} over {len(result.records)} "
                                "attempts", markup=False)
@@ -276,6 +315,9 @@ class DemoPipeline:
                             f"{split}_reward_final": after[split].mean_reward,
                             f"{split}_gain": gain, f"{split}_gain_se": se,
                             f"{split}_tasks": len(self.tasks[split])})
+        summary["harness"] = r.harness
+        summary["traffic"] = {"teacher": traffic(self.out / "teacher" / "store.sqlite"),
+                              "rollouts": traffic(self.out / "rollouts" / "store.sqlite")}
         summary["test_by_family"] = {
             family: [_family_mean(before["test"], family), _family_mean(after["test"], family)]
             for family in sorted({t.data["family"] for t in self.tasks["test"]})}
@@ -288,12 +330,35 @@ class DemoPipeline:
                 f"{summary[f'{split}_reward_final']:.3f} ({summary[f'{split}_gain']:+.3f} "
                 f"+- {summary[f'{split}_gain_se']:.3f} s.e., {len(self.tasks[split])} tasks)",
                 markup=False)
+        for name, t in summary["traffic"].items():
+            self.console.print(
+                f"{name} traffic through {r.harness}: {t['calls']} calls, "
+                f"{t['prompt_tokens_per_call']:.0f} prompt tokens per call, "
+                f"{t['calls_per_sample']:.2f} calls per sample, branches opened "
+                f"{t['branches_opened'] or 'none'}", markup=False)
         self.console.print(f"{summary['elapsed_s'] / 60:.1f} min in all", markup=False)
         return summary
 
 
 # The splits evaluated at the SFT checkpoint and after GRPO (train is what GRPO trains on).
 EVAL_SPLITS = ("validation", "test")
+
+
+def traffic(store_path: Path) -> dict[str, Any]:
+    """What the harness's recorded traffic in a store came to as training data: calls,
+    prompt tokens per call, calls per sample (the merge rate) and the branches opened, by
+    reason."""
+    from openforge.store import Store
+    from openforge.trajectory import run_metrics
+
+    with Store(store_path) as store:
+        metrics = run_metrics(store)
+        lengths = [len(c.prompt_ids) for c in store.iter_calls() if c.status == "ok"]
+    return {"calls": len(lengths),
+            "prompt_tokens_per_call": sum(lengths) / len(lengths) if lengths else 0.0,
+            "calls_per_sample": metrics.calls_per_sample,
+            "samples_per_session": metrics.samples_per_session,
+            "branches_opened": dict(sorted(metrics.branches_opened.items()))}
 
 
 def _eval_metrics(results: dict[str, StepRollouts]) -> dict[str, float]:

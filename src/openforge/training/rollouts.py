@@ -10,6 +10,7 @@ steps, pausing the gateway (429 + Retry-After) while it does so.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,15 @@ from openforge.errors import OpenforgeError
 from openforge.rollout import build_plugin
 from openforge.runner import AttemptRecord
 from openforge.trajectory import build_samples
-from openforge.types import Sample, Task
+from openforge.types import Sample, SamplingParams, Task
+
+
+def attempt_seed(seed: int, task_id: str, attempt: int) -> int:
+    """The sampling seed of attempt `attempt` of a task in a run seeded with `seed`: the
+    same for the same (seed, task, attempt) in every process and run, and independent
+    between them (a hash, not `seed + attempt`, so neighbouring seeds share no draws)."""
+    digest = hashlib.sha256(f"{seed}/{task_id}/{attempt}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1  # below 2**63: every engine takes it
 
 
 class TrainingError(OpenforgeError):
@@ -112,17 +121,31 @@ class RolloutCollector:
         finally:
             self.gateway.resume()
 
-    async def collect(self, tasks: Sequence[Task], k: int, tag: str) -> StepRollouts:
-        """Run every task k times (concurrency from the run config); samples of scored attempts."""
+    async def collect(self, tasks: Sequence[Task], k: int, tag: str,
+                      seed: int | None = None) -> StepRollouts:
+        """Run every task k times (concurrency from the run config); samples of scored attempts.
+
+        With `seed`, attempt j of task t samples with the seed `attempt_seed(seed, t, j)`:
+        two collections with the same seed draw the same random numbers, so comparing two
+        checkpoints on them measures what the weights changed, not sampling luck (common
+        random numbers). An engine that honours `seed` (`local`, vLLM) then gives the same
+        completions for the same weights."""
         started = time.monotonic()
         stack = self.stack
         assert stack is not None, "use RolloutCollector as `async with`"
         stack.guard(list(tasks))
         semaphore = asyncio.Semaphore(self.config.concurrency)
 
+        def sampling(task: Task, attempt: int) -> SamplingParams | None:
+            if seed is None:
+                return None
+            return self.config.sampling.model_copy(
+                update={"seed": attempt_seed(seed, task.id, attempt)})
+
         async def one(task: Task, attempt: int) -> AttemptRecord:
             async with semaphore:
-                return AttemptRecord.of(task, attempt, await stack.attempt(task, attempt, tag))
+                return AttemptRecord.of(task, attempt, await stack.attempt(
+                    task, attempt, tag, sampling=sampling(task, attempt)))
 
         records = list(await asyncio.gather(*(one(t, a) for t in tasks for a in range(k))))
         step = StepRollouts(records=records)

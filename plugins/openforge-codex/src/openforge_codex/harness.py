@@ -69,7 +69,14 @@ class CodexOptions(PluginOptions):
     request_max_retries: int = Field(default=0, ge=0)
     stream_max_retries: int = Field(default=0, ge=0)
     stream_idle_timeout_ms: int = Field(default=600_000, ge=1000)
+    # Replaces Codex's own base instructions (its system prompt, ~7k tokens) with this text,
+    # written into the rollout's CODEX_HOME (`model_instructions_file`): for small models
+    # whose context cannot hold Codex's, e.g. the harness-native training recipe.
+    instructions: str | None = None
     config: dict[str, Any] = Field(default_factory=dict)  # extra config.toml keys (merged last)
+
+
+INSTRUCTIONS_FILE = "instructions.md"
 
 
 class CodexHarness(NpmHarness):
@@ -116,6 +123,8 @@ class CodexHarness(NpmHarness):
                 "stream_idle_timeout_ms": cfg.stream_idle_timeout_ms,
             }},
         }
+        if cfg.instructions is not None:
+            base["model_instructions_file"] = str(self.codex_home(ctx) / INSTRUCTIONS_FILE)
         if ctx.mcp_servers:
             base["mcp_servers"] = {s.name: {"command": s.command, "args": s.args, "env": s.env,
                                             "required": True,
@@ -126,6 +135,8 @@ class CodexHarness(NpmHarness):
     def prepare(self, ctx: HarnessContext) -> None:
         home = self.codex_home(ctx)
         home.mkdir(parents=True, exist_ok=True)
+        if self.options.instructions is not None:
+            (home / INSTRUCTIONS_FILE).write_text(self.options.instructions, encoding="utf-8")
         (home / "config.toml").write_text(tomli_w.dumps(drop_none(self.config_dict(ctx))),
                                           encoding="utf-8")
 
