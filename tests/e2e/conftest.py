@@ -32,3 +32,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.e2e)
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def codex_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder for PYTHONPATH that makes openforge-codex importable: empty where the
+    environment already has it installed (the nox session does)."""
+    from harness_plugins import CODEX, installed, pip_install
+
+    target = tmp_path_factory.mktemp("site")
+    if not installed(CODEX.name):
+        pip_install(target, CODEX)
+    return target

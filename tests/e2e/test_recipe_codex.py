@@ -15,21 +15,12 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
-from harness_plugins import CODEX, installed, pip_install, with_path
+from harness_plugins import with_path
 
 from openforge.store import Store
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    target = tmp_path_factory.mktemp("site")
-    if not installed(CODEX.name):
-        pip_install(target, CODEX)
-    return target
-
-
-def test_the_demo_recipe_trains_on_codexs_own_traffic(site: Path, tmp_path: Path) -> None:
+def test_the_demo_recipe_trains_on_codexs_own_traffic(codex_site: Path, tmp_path: Path) -> None:
     out = tmp_path / "codex-demo"
     argv = [sys.executable, "-m", "openforge.cli", "train", "--recipe", "demo",
             "--set", f"output_dir={out}", "--set", "harness=codex",
@@ -37,7 +28,7 @@ def test_the_demo_recipe_trains_on_codexs_own_traffic(site: Path, tmp_path: Path
             "--set", "validation_per_family=1", "--set", "test_per_family=1",
             "--set", "sft_epochs=2", "--set", "grpo_steps=1", "--set", "tasks_per_step=2",
             "--set", "k=2", "--set", "eval_k=1"]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=with_path(site), timeout=1200)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=with_path(codex_site), timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["harness"] == "codex"
