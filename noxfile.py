@@ -123,9 +123,10 @@ def learn(session: nox.Session) -> None:
     validation gain is below MIN_VALIDATION_GAIN; extra arguments go to the recipe
     (`nox -s learn -- --set grpo_learning_rate=0` shows the gate failing)."""
     install_openforge(session)
-    session.run("python", "benchmarks/bench_train_demo.py", "--output-dir",
-                f"{session.create_tmp()}/learn", "--min-validation-gain", MIN_VALIDATION_GAIN,
-                *session.posargs)
+    # Not session.create_tmp(): it points TMPDIR into the virtualenv, where the rollouts'
+    # folder would hide the Python the sandbox must map.
+    session.run("python", "benchmarks/bench_train_demo.py", "--output-dir", "runs/learn",
+                "--min-validation-gain", MIN_VALIDATION_GAIN, *session.posargs)
 
 
 @nox.session

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -316,3 +318,29 @@ def _readlink(path: Path) -> str:
         return os.readlink(path)
     except OSError:  # not a link, or closed meanwhile (the listing's own descriptor)
         return ""
+
+
+@pytest.mark.parametrize("mode", ISOLATING_MODES)
+async def test_a_python_the_sandbox_cannot_map_is_an_infrastructure_failure_that_says_why(
+        mode: str) -> None:
+    """Rollouts made inside the Python environment itself (TMPDIR in the virtualenv, as nox's
+    session tmp) put a protected folder inside the interpreter's prefix, which is then not
+    mapped: an attempt whose harness runs on it is an infrastructure failure naming both,
+    never a harness's "No such file" scored as the policy's."""
+    if not os.access(sys.prefix, os.W_OK):
+        pytest.skip(f"{sys.prefix} is not writable here")
+    base = Path(tempfile.mkdtemp(prefix="openforge-rollouts-", dir=sys.prefix))
+    try:
+        executor = LocalExecutor(sandbox=mode, base_dir=base)
+        # mini runs on this Python: in either mode its program is inside the prefix.
+        spec = RolloutSpec(run_id="run", rollout_id="lost", task=Task(id="t", prompt="true"),
+                           harness="mini",
+                           environment="executor_plugins:OneTaskEnv", reward="checker",
+                           gateway_url="http://127.0.0.1:9", session_token="tok",
+                           session_id="sid")
+        result = await executor.run(spec)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert result.status == "infra_error" and result.reward is None
+    assert "the sandbox cannot map what the agent runs on" in (result.error or "")
+    assert str(base) in (result.error or "")

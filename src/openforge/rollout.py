@@ -86,7 +86,7 @@ from openforge.sandbox.modes import ISOLATING, SandboxMode, SandboxUnavailable, 
 from openforge.sandbox.protocol import MARKER_ENV, SANDBOX_ENV, result_line, scrub_env
 from openforge.sandbox.relay import Relay
 from openforge.sandbox.scrub import scrub_agent, tally
-from openforge.sandbox.view import View, build_view
+from openforge.sandbox.view import View, build_view, unmapped
 from openforge.types import Call, RewardResult, RolloutResult, RolloutSpec, RolloutStatus
 
 # Characters of the agent's stdout and stderr (each, the end) carried back in the result:
@@ -302,6 +302,17 @@ class Supervisor:
         if self.launch is None and self.isolating:
             for dropped in view.dropped:
                 print(f"openforge.rollout: not mapped into the sandbox: {dropped}", file=sys.stderr)
+            # bubblewrap starts the agent under this Python; either mode execs the harness's
+            # program. One the view cannot map would fail as "No such file": say why instead.
+            program = shutil.which(command.argv[0], path=command.env.get("PATH")) \
+                if command.argv else None
+            lost = unmapped(view, [*([sys.executable] if self.mode == "bwrap" else []),
+                                   *([program] if program else [])])
+            if lost:
+                raise _Stop("infra_error", f"the sandbox cannot map what the agent runs on "
+                            f"({', '.join(lost)}): {'; '.join(view.dropped) or 'not in the view'}."
+                            " Keep the rollouts' folder (TMPDIR) and the run folders outside the "
+                            "Python environment and the harness's install")
         marker = os.environ.get(MARKER_ENV) or f"{spec.rollout_id}-{os.getpid()}"
         env = agent_env(dirs, command.env, marker, self.pass_env)
         reserve = min(_RESERVE_S, spec.timeout_s * 0.2)

@@ -87,6 +87,15 @@ def python_paths() -> list[str]:
     return found
 
 
+def unmapped(view: View, paths: Iterable[str]) -> list[str]:
+    """The paths whose folder no bind of `view` covers (the folder resolved, the name not:
+    a link in an unmapped folder is unreachable even when its target is mapped)."""
+    def folder(path: str) -> str:
+        return os.path.realpath(os.path.dirname(os.path.abspath(path)))
+
+    return [p for p in paths if not any(_inside(folder(p), b.src) for b in view.binds)]
+
+
 def build_view(agent_dir: Path, *, workspace: Path, programs: Iterable[Path | str] = (),
                data: Iterable[Path | str] = (), protected: Iterable[Path | str] = ()) -> View:
     """The allowlisted view for one rollout (see the module docstring)."""
