@@ -52,7 +52,7 @@ class DemoRecipe(BaseModel):
     # evaluations alike, so the policy trains on that harness's own traffic. `mini` (the
     # default), or `codex` (the real Codex CLI: the harness-native recipe, docs/training.md).
     harness: str = "mini"
-    # None: HARNESS_PRESETS' options for `harness` (made for the 4-layer model's context).
+    # None: `harness_options()`'s preset for `harness` (made for the 4-layer model's context).
     harness_options: dict[str, Any] | None = None
     model: str = "recipe"  # "recipe" (hidden 128, 4 layers), "tiny", or a model folder
     fresh: bool = True  # start over (delete output_dir); false resumes finished phases
@@ -123,10 +123,10 @@ class DemoRecipe(BaseModel):
         return self
 
 
-# Codex's own base instructions and optional tools (sub-agents, goals, skills) are ~5k
-# tokens: more than the 4-layer model's 4,096-token context holds with a task. Replaced by
-# one line and turned off, the prompt is ~1.8k tokens; the shell tool (`exec_command`), its
-# `write_stdin`, Codex's environment context and its Responses wire format stay as they are.
+# With its own base instructions and optional tools (sub-agents, goals, skills) Codex's
+# prompt is 8,666 tokens for a small task: more than the 4-layer model's 4,096-token context.
+# Replaced by one line and turned off, it is ~1,950 (docs/harnesses.md); the shell tool
+# (`exec_command`), Codex's environment context and its Responses wire format stay as they are.
 CODEX_INSTRUCTIONS = ("You are a coding agent in a workspace. Do the task with one shell "
                       "command, then answer Done.")
 CODEX_FEATURES_OFF = {"multi_agent": False, "goals": False, "skills": False}
