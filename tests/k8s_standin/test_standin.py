@@ -9,12 +9,14 @@ Waits are hang guards; "at once" means at the first look, never within a time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 pytest.importorskip("kubernetes_asyncio", reason="pip install 'openforge[kubernetes]'")
@@ -322,6 +324,21 @@ def entrypoint_standin() -> Iterator[StandIn]:
         yield k8s
 
 
+CUT_OFF_SCRIPT = "import time; time.sleep(61)"  # its own, to find its process by
+
+
+async def command_process(script: str) -> psutil.Process:
+    """The stand-in process running `script` (waits for it to exist)."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while time.monotonic() < deadline:
+        for proc in standin_processes():
+            with contextlib.suppress(psutil.Error):
+                if script in proc.cmdline():
+                    return proc
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no stand-in process runs {script!r}")
+
+
 async def test_quota_partition_and_graceful_deletion(
         standin: StandIn, core: client.CoreV1Api) -> None:
     standin.set_pod_quota(0)
@@ -329,21 +346,25 @@ async def test_quota_partition_and_graceful_deletion(
         await core.create_namespaced_pod("default", pod("over-quota"))
     assert refused.value.status == 403 and "exceeded quota" in refused.value.body
     standin.set_pod_quota(None)
-    await core.create_namespaced_pod("default", pod("cut-off"))
+    await core.create_namespaced_pod("default", pod("cut-off", CUT_OFF_SCRIPT))
     await until(core, "cut-off", lambda p: p.status.phase == "Running")
-    before = len(standin_processes())
+    # The container's own command, once it runs: "Running" comes while the isolating
+    # prelude may still be mounting, so a count of processes then is not a count of it.
+    container = await command_process(CUT_OFF_SCRIPT)
     standin.partition("standin-node")
-    node = await core.read_node("standin-node")
-    assert node.status.conditions[0].status == "Unknown"
-    # A graceful delete a cut-off kubelet never carries out; a forced one removes the
-    # object while the container keeps running on the node.
-    await core.delete_namespaced_pod("cut-off", "default")
-    await asyncio.sleep(1.5)
-    assert (await core.read_namespaced_pod("cut-off", "default")).metadata.deletion_timestamp
-    await core.delete_namespaced_pod("cut-off", "default", grace_period_seconds=0)
-    await gone_at_once(core, "cut-off")
-    assert len(standin_processes()) == before
-    standin.reconnect("standin-node")  # back: it kills what was deleted meanwhile
+    try:
+        node = await core.read_node("standin-node")
+        assert node.status.conditions[0].status == "Unknown"
+        # A graceful delete a cut-off kubelet never carries out; a forced one removes the
+        # object while the container keeps running on the node.
+        await core.delete_namespaced_pod("cut-off", "default")
+        await asyncio.sleep(1.5)
+        assert (await core.read_namespaced_pod("cut-off", "default")).metadata.deletion_timestamp
+        await core.delete_namespaced_pod("cut-off", "default", grace_period_seconds=0)
+        await gone_at_once(core, "cut-off")
+        assert container.is_running() and container in standin_processes()
+    finally:
+        standin.reconnect("standin-node")  # back: it kills what was deleted meanwhile
     deadline = time.monotonic() + HANG_GUARD_S
     while standin_processes() and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
