@@ -102,8 +102,8 @@ def bench(session: nox.Session) -> None:
     """Benchmarks: print ratios and rates measured in one run (they assert nothing about time)."""
     install_openforge(session)
     args = session.posargs or []
-    for script in ("bench_gateway.py", "bench_export.py", "bench_executor.py",
-                   "bench_kubernetes.py"):
+    for script in ("bench_gateway.py", "bench_gateway_phases.py", "bench_export.py",
+                   "bench_executor.py", "bench_kubernetes.py"):
         session.run("python", f"benchmarks/{script}", *args)
     if "--quick" not in args:
         # The demo recipe end to end (~13 min on 2 cores): held-out reward, SFT vs GRPO.

@@ -21,6 +21,10 @@ Phases, each S concurrent sessions x T turns, non-streaming, growing histories:
 - `stall`: S sessions' tool turns, first alone, then while another client keeps sending
   10 MB bodies: the difference in their p99 latency.
 
+The pass-through and the gateway phases run `--rounds` times (default 3), round after
+round; a phase's CPU ms per call is the median of its rounds, printed with the lowest and
+highest (a single round moves by a fifth with the machine's other tenants).
+
 For each: recorded calls, CPU ms per call of the serving process(es), its ratio to the
 pass-through's, p50 / p99 latency, RSS at the end, and the merge rate (calls per training
 sample) of what the gateway recorded. The summary ends with each target of issue 20 and
@@ -29,7 +33,7 @@ generator, the stand-in and the server compete); CPU ms per call is the figure t
 transfers, and the load average at start and end is printed with it.
 
     python benchmarks/bench_gateway.py [--quick] [--sessions N] [--turns N] [--latency-ms N]
-                                       [--profile PREFIX]
+                                       [--rounds N] [--profile PREFIX]
 """
 
 from __future__ import annotations
@@ -72,23 +76,53 @@ def free_port() -> int:
 # --- the engine stand-in and the pass-through (each runs in its own process) ----------------
 
 
+def reply_ids(bundle: Any) -> dict[str, list[int]]:
+    """The completion ids the engine answers with, by profile: "tools" a call of the shell
+    tool, "users" a text answer."""
+    from openforge.gateway.conversation import Message, Tool, ToolCall
+    from openforge.gateway.render import assistant_turn_ids
+
+    call = ToolCall(id="call_1", name="shell", arguments=json.dumps(TOOL_ARGS))
+    tools = [Tool(name="shell", parameters=SHELL["function"]["parameters"])]
+    return {
+        "tools": assistant_turn_ids(bundle, [], Message(role="assistant", tool_calls=[call]),
+                                    tools),
+        "users": assistant_turn_ids(bundle, [], Message(role="assistant", content=ANSWER)),
+    }
+
+
+def first_messages(k: int) -> list[dict[str, Any]]:
+    """Session `k`'s opening messages (the system prompt is every session's)."""
+    return [{"role": "system", "content": "You are a coding agent. Work step by step."},
+            {"role": "user", "content": f"Task {k}: refactor module {k} and run its tests."}]
+
+
+def next_turn(messages: list[dict[str, Any]], answer: dict[str, Any], profile: str,
+              turn: int, k: int) -> None:
+    """Append the model's `answer` and what the harness sends back: the tool's output
+    (tool-call turns) or the user's next message. What is added names session `k`: texts
+    shared by every session would be tokenized once for all of them, which real tool
+    outputs are not."""
+    calls = answer.get("tool_calls") or []
+    messages.append({"role": "assistant", "content": answer.get("content") or "",
+                     "tool_calls": calls})
+    if profile == "tools" or calls:  # the harness runs the tool, sends its output
+        for tc in calls:
+            messages.append({"role": "tool", "tool_call_id": tc["id"], "content":
+                             f"step {turn} of task {k}: 12 passed, {turn} warnings\n" * 4})
+    else:  # the user reads the answer and writes again
+        messages.append({"role": "user", "content":
+                         f"Thanks. Now step {turn} of task {k}: also cover edge case {turn}."})
+
+
 def run_standin(port: int, latency_s: float) -> None:
     """vLLM's `/v1/completions` (token ids; the reply by the requested model name: "tools"
     answers a tool call, "users" a text) and an OpenAI chat endpoint (a tool call)."""
     from aiohttp import web
 
-    from openforge.gateway.conversation import Message, Tool, ToolCall
     from openforge.gateway.model import load_model_bundle
-    from openforge.gateway.render import assistant_turn_ids
 
-    bundle = load_model_bundle("tiny")
-    call = ToolCall(id="call_1", name="shell", arguments=json.dumps(TOOL_ARGS))
-    tools = [Tool(name="shell", parameters=SHELL["function"]["parameters"])]
-    replies = {
-        "tools": assistant_turn_ids(bundle, [], Message(role="assistant", tool_calls=[call]),
-                                    tools),
-        "users": assistant_turn_ids(bundle, [], Message(role="assistant", content=ANSWER)),
-    }
+    replies = reply_ids(load_model_bundle("tiny"))
     completions = {
         name: json.dumps({"choices": [{
             "text": "", "token_ids": ids, "finish_reason": "stop",
@@ -276,19 +310,14 @@ async def open_sessions(url: str, n: int) -> list[dict[str, str]]:
 
 
 async def drive(endpoints: list[str], tokens: list[str], turns: int, profile: str) -> Load:
-    """One conversation per endpoint, all at once, each `turns` calls with a growing history.
-
-    What the harness adds each turn names its session (`k`): texts shared by every session
-    would be tokenized once for all of them, which real tool outputs are not. The system
-    prompt and the tools are the same in every session, as they are for one harness."""
+    """One conversation per endpoint, all at once, each `turns` calls with a growing history
+    (`next_turn`). The tools are the same in every session, as they are for one harness."""
     latencies: list[float] = []
     windows: list[tuple[float, float]] = []
     connector = aiohttp.TCPConnector(limit=0)
 
     async def conversation(h: aiohttp.ClientSession, endpoint: str, token: str, k: int) -> None:
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": "You are a coding agent. Work step by step."},
-            {"role": "user", "content": f"Task {k}: refactor module {k} and run its tests."}]
+        messages = first_messages(k)
         headers = {"Authorization": f"Bearer {token}"}
         for turn in range(turns):
             body = {"model": "policy", "messages": messages, "tools": [SHELL], "max_tokens": 128}
@@ -300,17 +329,7 @@ async def drive(endpoints: list[str], tokens: list[str], turns: int, profile: st
             t1 = time.perf_counter()
             latencies.append(t1 - t0)
             windows.append((t0, t1))
-            message = data["choices"][0]["message"]
-            calls = message.get("tool_calls") or []
-            messages.append({"role": "assistant", "content": message.get("content") or "",
-                             "tool_calls": calls})
-            if profile == "tools" or calls:  # the harness runs the tool, sends its output
-                for tc in calls:
-                    messages.append({"role": "tool", "tool_call_id": tc["id"], "content":
-                                     f"step {turn} of task {k}: 12 passed, {turn} warnings\n" * 4})
-            else:  # the user reads the answer and writes again
-                messages.append({"role": "user", "content":
-                                 f"Thanks. Now step {turn} of task {k}: also cover edge case {turn}."})
+            next_turn(messages, data["choices"][0]["message"], profile, turn, k)
 
     async with aiohttp.ClientSession(connector=connector) as h:
         t0 = time.perf_counter()
@@ -411,31 +430,51 @@ class Phase:
     cpu_ms: float  # CPU of the serving process(es) per call
     rss: list[float]
     merge: float | None = None
+    cpu_range: tuple[float, float] | None = None  # lowest and highest round, when several
 
     def line(self, baseline_ms: float) -> str:
         merge = f"{self.merge:5.1f}" if self.merge is not None else "    -"
         rss = "+".join(f"{r:.0f}" for r in self.rss)
-        return (f"  {self.name:<24} {self.load.calls:6d} {self.cpu_ms:8.2f} "
+        spread = (f"{self.cpu_range[0]:.2f}-{self.cpu_range[1]:.2f}" if self.cpu_range
+                  else "-")
+        return (f"  {self.name:<24} {self.load.calls:6d} {self.cpu_ms:8.2f} {spread:>11} "
                 f"{self.cpu_ms / baseline_ms:6.2f} {self.load.p50_ms:8.1f} {self.load.p99_ms:8.1f} "
                 f"{rss:>9} {merge}")
 
 
+def combine(rounds: list[Phase]) -> Phase:
+    """One phase measured in several rounds: the median round's CPU ms per call (the
+    machine's other tenants move a single round's figure by a fifth), the range of the
+    rounds, latencies of all calls, the largest RSS, the last round's merge rate."""
+    cpu = [p.cpu_ms for p in rounds]
+    load = Load([x for p in rounds for x in p.load.latencies],
+                sum(p.load.wall_s for p in rounds), sum(p.load.calls for p in rounds))
+    rss = [max(values) for values in zip(*(p.rss for p in rounds), strict=True)]
+    return Phase(rounds[0].name, load, statistics.median(cpu), rss, rounds[-1].merge,
+                 (min(cpu), max(cpu)) if len(rounds) > 1 else None)
+
+
 async def gateway_phase(name: str, tmp: Path, standin_url: str, profile: str, n: int,
                         turns: int, prefix: str | None, policy: str = "append",
-                        workers: int = 1) -> tuple[Phase, list[dict[str, str]], str]:
-    store = tmp / f"{name.replace(' ', '-')}.sqlite"
+                        workers: int = 1, round_: int = 0
+                        ) -> tuple[Phase, list[dict[str, str]], str]:
+    store = tmp / f"{name.replace(' ', '-')}-{round_}.sqlite"
     gw, url = start_gateway(store, standin_url, profile, policy, workers)
     try:
         sessions = await open_sessions(url, n)
         await asyncio.sleep(0.5)  # let start-up work (gc, imports) settle
         procs = tree(gw)
         with Profiler(prefix, name.replace(" ", "-"), procs[-1].pid):
-            cpu0 = cpu_s(procs)
+            each0 = [cpu_s([p]) for p in procs]
             load = await drive([f"{s['base_url']}/chat/completions" for s in sessions],
                                [s["token"] for s in sessions], turns, profile)
-            used = cpu_s(procs) - cpu0
+            each = [cpu_s([p]) - c for p, c in zip(procs, each0, strict=True)]
+            used = sum(each)
         rss = rss_mb(procs[1:] if workers > 1 else procs)
-        checks = await worker_checks(sessions, workers) if workers > 1 else ""
+        checks = ""
+        if workers > 1:
+            checks = (await worker_checks(sessions, workers) + "; CPU s of the load: parent "
+                      f"{each[0]:.2f}, workers {' + '.join(f'{c:.2f}' for c in each[1:])}")
     finally:
         stop(gw)
     phase = Phase(name, load, used * 1000 / load.calls, rss, merge_rate(store))
@@ -482,30 +521,35 @@ async def run(args: argparse.Namespace) -> None:
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     standin, standin_url = start_helper("--standin", "--latency-ms", str(args.latency_ms))
     passthrough, pass_url = start_helper("--passthrough", f"{standin_url}/v1/chat/completions")
-    phases: list[Phase] = []
+    rounds: dict[str, list[Phase]] = {}
     try:
         with TemporaryDirectory() as tmp_dir:
             tmp = Path(tmp_dir)
             direct = await drive([f"{standin_url}/v1/chat/completions"] * n, ["x"] * n, turns,
                                  "tools")
-            procs = tree(passthrough)
-            cpu0 = cpu_s(procs)
-            through = await drive([f"{pass_url}/v1/chat/completions"] * n, ["x"] * n, turns,
-                                  "tools")
-            phases.append(Phase("pass-through (tools)", through,
-                                (cpu_s(procs) - cpu0) * 1000 / through.calls, rss_mb(procs)))
             worker_report = "not run"
-            for name, profile, policy, workers in (
-                    ("tools", "tools", "append", 1), ("users", "users", "append", 1),
-                    ("users (exact policy)", "users", "exact", 1),
-                    ("tools x2 workers", "tools", "append", 2)):
-                if args.only and name not in args.only:
-                    continue
-                phase, sessions, checks = await gateway_phase(
-                    name, tmp, standin_url, profile, n, turns, args.profile, policy, workers)
-                phases.append(phase)
-                if checks:
-                    worker_report = checks
+            # Round after round of every phase, so that each phase sees the machine as the
+            # others do (its other tenants come and go within a minute).
+            for r in range(args.rounds):
+                procs = tree(passthrough)
+                cpu0 = cpu_s(procs)
+                through = await drive([f"{pass_url}/v1/chat/completions"] * n, ["x"] * n,
+                                      turns, "tools")
+                rounds.setdefault("pass-through (tools)", []).append(Phase(
+                    "pass-through (tools)", through,
+                    (cpu_s(procs) - cpu0) * 1000 / through.calls, rss_mb(procs)))
+                for name, profile, policy, workers in (
+                        ("tools", "tools", "append", 1), ("users", "users", "append", 1),
+                        ("users (exact policy)", "users", "exact", 1),
+                        ("tools x2 workers", "tools", "append", 2)):
+                    if args.only and name not in args.only:
+                        continue
+                    phase, sessions, checks = await gateway_phase(
+                        name, tmp, standin_url, profile, n, turns,
+                        args.profile if r == 0 else None, policy, workers, round_=r)
+                    rounds.setdefault(name, []).append(phase)
+                    if checks and (r == 0 or "CROSSED" in checks):
+                        worker_report = checks
             stall = ("not run", 0.0)
             if not args.only or "stall" in args.only:
                 stall = await stall_phase(tmp, standin_url, min(n, 16), max(turns // 2, 3))
@@ -513,11 +557,14 @@ async def run(args: argparse.Namespace) -> None:
         stop(passthrough)
         stop(standin)
 
+    phases = [combine(measured) for measured in rounds.values()]
     baseline = phases[0].cpu_ms
     print(f"\ndirect to stand-in      : {direct.calls} calls, p50 {direct.p50_ms:.1f} ms, "
           f"{direct.rps:.0f} calls/s")
-    print("  phase                     calls  CPU ms  ratio   p50 ms   p99 ms   RSS MB  "
-          "calls/sample")
+    print(f"  CPU ms per call: the median of {args.rounds} round(s), then the lowest and "
+          "highest round")
+    print("  phase                     calls  CPU ms  min-max      ratio   p50 ms   p99 ms"
+          "   RSS MB  calls/sample")
     for phase in phases:
         print(phase.line(baseline))
     print(f"  workers: {worker_report}")
@@ -586,6 +633,9 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="measure every phase this many times, round after round, and "
+                             "report the median (--quick: 1)")
     parser.add_argument("--profile", metavar="PREFIX",
                         help="record the gateway with py-spy during each phase "
                              "(PREFIX.PHASE.txt; collapsed stacks)")
@@ -608,8 +658,10 @@ def main() -> None:
         return
     if args.profile and shutil.which("py-spy") is None:
         raise SystemExit("--profile needs py-spy on PATH: pip install py-spy")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.quick:
-        args.sessions, args.turns = 16, 5
+        args.sessions, args.turns, args.rounds = 16, 5, 1
     asyncio.run(run(args))
 
 

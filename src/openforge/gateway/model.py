@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from openforge.errors import OpenforgeError
+from openforge.gateway.ascii_path import AsciiPath
 from openforge.gateway.memory import release_memory
 
 TINY_MODEL = "tiny"
@@ -158,6 +159,8 @@ class FastTokenizer:
         self._local = threading.local()
         # Without character offsets where the backend can (renderers do not use them).
         self._encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
+        # Exact ids of ASCII text at a fraction of the backend's cost, where it applies.
+        self.ascii_path = AsciiPath.build(backend)
         self.set_specials_as_text(specials_as_text)
         # Special-token text in a raw prompt: split on it, then encode each piece (what the
         # backend itself does for added tokens that strip nothing).
@@ -186,7 +189,9 @@ class FastTokenizer:
             # several times per call; tokenization is deterministic, so remember them.
             ids = self._encoded.get(text)
             if ids is None:
-                ids = tuple(self._backend.encode(text, add_special_tokens=False).ids)
+                fast = self._ascii_ids(text)
+                ids = tuple(fast if fast is not None
+                            else self._backend.encode(text, add_special_tokens=False).ids)
                 _remember(self._encoded, text, ids)
             return list(ids)
         texts: SessionTexts | None = getattr(self._local, "texts", None)
@@ -211,8 +216,16 @@ class FastTokenizer:
 
     def encode_long(self, text: str) -> list[int]:
         """Ids of a long text; the GIL is released while the backend works, so a render
-        thread tokenizing a large message does not stall the event loop."""
+        thread tokenizing a large message does not stall the event loop (the ASCII path
+        holds it, and takes only texts it scans in well under a millisecond)."""
+        fast = self._ascii_ids(text)
+        if fast is not None:
+            return fast
         return self._encode_batch([text], add_special_tokens=False)[0].ids  # type: ignore[no-any-return]
+
+    def _ascii_ids(self, text: str) -> list[int] | None:
+        """The ASCII path's ids of `text`; None where there is no path or it does not apply."""
+        return None if self.ascii_path is None else self.ascii_path.encode(text)
 
     def decode(self, token_ids: Any, *args: Any, skip_special_tokens: bool = False,
                **kwargs: Any) -> str:
