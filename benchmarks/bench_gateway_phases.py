@@ -18,6 +18,11 @@ the function), so the printed microseconds per call add up to the pipeline's own
     record            build the Call row and write it
       store.add_call    the SQLite insert (compression of large bodies included)
 
+First the tool-call load runs once with its sessions spread over three ways in: the
+pipeline alone, the gateway's ASGI app (`create_app`: authentication, the body, then the
+pipeline) and the Starlette app behind it (router and middlewares too), interleaved call
+by call; the difference to the pipeline alone is what each way adds.
+
 After each profile it tokenizes the texts the load gave `encode_long` again, in the same
 order, with the `tokenizers` library alone and with the ASCII path in front of it
 (`gateway/ascii_path.py`, a fresh one), and prints both and their ratio (the ids must be
@@ -48,6 +53,7 @@ import bench_gateway as bench  # noqa: E402
 import openforge.gateway.branches as branches  # noqa: E402
 import openforge.gateway.pipeline as pipeline  # noqa: E402
 from openforge.config import GatewayConfig  # noqa: E402
+from openforge.gateway.app import create_app  # noqa: E402
 from openforge.gateway.ascii_path import AsciiPath  # noqa: E402
 from openforge.gateway.dialects.chat import ChatDialect  # noqa: E402
 from openforge.gateway.engines.base import Engine, GenerateRequest, GenerateResult  # noqa: E402
@@ -143,44 +149,105 @@ class InstantEngine(Engine):
         pass
 
 
-async def replay(profile: str, sessions: int, turns: int) -> tuple[float, int, float]:
-    """CPU seconds of the pipeline for the whole load, the calls, and calls per sample."""
-    bundle = load_model_bundle("tiny")
+WAYS = ("pipeline alone", "GatewayApp", "its Starlette app")
+"""How a call can enter the gateway in process: `CallResponse` itself, the gateway's ASGI
+app (`create_app`), or the Starlette app behind it (router and middlewares included)."""
+
+
+async def replay(profile: str, sessions: int, turns: int, ways: tuple[str, ...] = WAYS[:1]
+                 ) -> tuple[dict[str, float], int, float]:
+    """CPU seconds per call of each way in, the calls, and calls per sample.
+
+    Session k's call of turn t enters by `ways[(k + t) % len(ways)]`, so every way sees
+    the same mix of sessions and turns, interleaved call by call (the machine's speed
+    moves alike for all of them).
+    """
+    bundle = load_model_bundle("tiny")  # one per process: its tokenizer's caches too
+    # Each replay starts as a fresh gateway process would: no text tokenized yet.
+    bundle.tokenizer._shared.clear()
     completion = bench.reply_ids(bundle)[profile]
     with TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "phases.sqlite")
         state = GatewayState(GatewayConfig(), store, InstantEngine(bundle, completion), bundle)
-        lives = []
-        for k in range(sessions):
-            opened = state.sessions.open(run_id="bench", task_id=f"t{k}")
-            lives.append(state.sessions.by_token(opened.token))
+        app = create_app(state)
+        entries = {"GatewayApp": app, "its Starlette app": app.starlette}
+        tokens = [state.sessions.open(run_id="bench", task_id=f"t{k}").token
+                  for k in range(sessions)]
         histories = [bench.first_messages(k) for k in range(sessions)]
-
-        async def receive() -> dict[str, Any]:
-            await asyncio.sleep(3600)  # the client never leaves
-            return {"type": "http.disconnect"}
-
-        cpu = 0.0
+        cpu = dict.fromkeys(ways, 0.0)
+        counts = dict.fromkeys(ways, 0)
+        if len(ways) > 1:
+            # One uncounted call through each way first, on sessions of its own: the first
+            # call through a code path pays for warming it up.
+            for i, way in enumerate(ways):
+                opened = state.sessions.open(run_id="bench", task_id=f"warm{i}")
+                body = json.dumps({"model": "policy", "messages": bench.first_messages(
+                    sessions + i), "tools": [bench.SHELL], "max_tokens": 128}).encode()
+                await _enter(way, state, opened.token, body, entries)
         for turn in range(turns):
             for k, messages in enumerate(histories):
                 body = json.dumps({"model": "policy", "messages": messages,
                                    "tools": [bench.SHELL], "max_tokens": 128}).encode()
-                sent: list[dict[str, Any]] = []
-
-                async def send(message: dict[str, Any], sent: list[dict[str, Any]] = sent
-                               ) -> None:
-                    sent.append(message)
-
+                way = ways[(k + turn) % len(ways)]
                 t0 = time.process_time()
-                await pipeline.CallResponse(state, lives[k], "chat", body, retry_count=0)(
-                    {"type": "http"}, receive, send)
-                cpu += time.process_time() - t0
+                sent = await _enter(way, state, tokens[k], body, entries)
+                cpu[way] += time.process_time() - t0
+                counts[way] += 1
                 answer = json.loads(sent[-1]["body"])["choices"][0]["message"]
                 bench.next_turn(messages, answer, profile, turn, k)
         merge = bench.merge_rate(store.path)
         state.close()
         store.close()
-    return cpu, sessions * turns, merge
+    return {way: cpu[way] / max(counts[way], 1) for way in ways}, sessions * turns, merge
+
+
+async def _enter(way: str, state: GatewayState, token: str, body: bytes,
+                 entries: dict[str, Any]) -> list[dict[str, Any]]:
+    """One chat call through `way`; the ASGI messages it sent."""
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope, receive = _request(token, body)
+    if way == WAYS[0]:
+        live = state.sessions.by_token(token)  # looked up as the app does, for a fair sum
+        assert live is not None
+        await pipeline.CallResponse(state, live, "chat", body, retry_count=0)(
+            scope, receive, send)
+    else:
+        await entries[way](scope, receive, send)
+    return sent
+
+
+def _request(token: str, body: bytes) -> tuple[dict[str, Any], Any]:
+    """The ASGI scope and receive of one chat call, as uvicorn would hand them over."""
+    path = f"/s/{token}/v1/chat/completions"
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
+             "root_path": "", "query_string": b"", "client": ("127.0.0.1", 50000),
+             "server": ("127.0.0.1", 8000),
+             "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
+                         (b"authorization", f"Bearer {token}".encode()),
+                         (b"content-length", str(len(body)).encode())]}
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if pending:
+            return pending.pop()
+        await asyncio.sleep(3600)  # the client never leaves
+        return {"type": "http.disconnect"}
+
+    return scope, receive
+
+
+def compare_ways(sessions: int, turns: int) -> None:
+    """The tool-call load once more, its sessions spread over the three ways in."""
+    spent, calls, _ = asyncio.run(replay("tools", sessions, turns, WAYS))
+    print(f"\nthe way in (tool-call turns, {calls} calls, a third through each way): "
+          "us CPU per call, and beyond the pipeline alone")
+    for way in WAYS:
+        print(f"  {way:<30} {1e6 * spent[way]:8.1f} {1e6 * (spent[way] - spent[WAYS[0]]):8.1f}")
 
 
 def main() -> None:
@@ -191,16 +258,17 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.sessions, args.turns = 8, 5
+    print(f"bench_gateway_phases: {args.sessions} sessions x {args.turns} turns, in process, "
+          "no HTTP; microseconds per call")
+    compare_ways(args.sessions, args.turns)  # before the phase timers wrap the pipeline
     record_long_texts()
     for owner, name, label in PHASES:
         timed(owner, name, label)
-    print(f"bench_gateway_phases: {args.sessions} sessions x {args.turns} turns, in process, "
-          "no HTTP; microseconds per call")
     for profile in ("tools", "users"):
         SPENT.clear()
         LONG_TEXTS.clear()
-        cpu, calls, merge = asyncio.run(replay(profile, args.sessions, args.turns))
-        print(f"\n{profile}: the pipeline {1e6 * cpu / calls:.0f} us CPU per call "
+        spent, calls, merge = asyncio.run(replay(profile, args.sessions, args.turns))
+        print(f"\n{profile}: the pipeline {1e6 * spent[WAYS[0]]:.0f} us CPU per call "
               f"({calls} calls, {merge:.1f} calls per sample)")
         for _, _, label in PHASES:
             print(f"  {label:<30} {1e6 * SPENT[label] / calls:8.1f}")

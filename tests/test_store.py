@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import sqlite3
 import threading
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import zstandard
 
 from openforge.store import (
     COMPRESS_OVER,
@@ -163,8 +166,24 @@ def test_large_request_is_compressed_and_round_trips(store: Store, tmp_path: Pat
     raw = sqlite3.connect(tmp_path / "store.sqlite").execute(
         "SELECT request, response FROM calls").fetchone()
     assert isinstance(raw[0], bytes) and len(raw[0]) < COMPRESS_OVER
+    # A standard zstd frame: any zstd reader takes the column as it is.
+    assert json.loads(zstandard.ZstdDecompressor().decompress(raw[0])) == big
     assert isinstance(raw[1], str)  # small: plain JSON text
     assert store.list_calls("s1")[0].request == big
+
+
+def test_zlib_bodies_of_earlier_stores_still_read_back(store: Store, tmp_path: Path) -> None:
+    store.create_session(make_session())
+    big = {"messages": [{"role": "user", "content": "y" * (COMPRESS_OVER * 2)}]}
+    store.add_call(make_call("c1").model_copy(update={"request": big, "response": big}))
+    # What stores written before zstd hold: zlib streams (default and level-1 headers).
+    db = sqlite3.connect(tmp_path / "store.sqlite")
+    text = json.dumps(big).encode()
+    db.execute("UPDATE calls SET request = ?, response = ?",
+               (zlib.compress(text, 1), zlib.compress(text)))
+    db.commit()
+    got = store.list_calls("s1")[0]
+    assert got.request == big and got.response == big
 
 
 def test_list_calls_ordered_by_index_and_next_index(store: Store) -> None:

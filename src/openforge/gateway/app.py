@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
 
 from openforge.gateway.admin import admin_routes
 from openforge.gateway.branches import SessionTokens
@@ -56,6 +57,10 @@ from openforge.gateway.sessions import LiveSession, MisdirectedSession
 from openforge.gateway.state import GatewayState
 
 log = logging.getLogger("openforge.gateway")
+
+Endpoint = Callable[[Request], Awaitable[Any]]
+"""A route's handler: the request in, an ASGI response (a Starlette `Response` or a
+`CallResponse`) out."""
 
 UNAUTHORIZED = ("invalid session token: use the token of an open session, in the URL path "
                 "(/s/TOKEN/v1) or as the API key")
@@ -194,29 +199,94 @@ async def _bug(request: Request, exc: Exception) -> Response:
                        "api_error")
 
 
-def _model_routes(prefix: str) -> list[Route]:
-    routes: list[Route] = []
+def _model_endpoints() -> dict[str, Endpoint]:
+    """Each dialect's POST routes, by their path after `/v1`."""
+    endpoints: dict[str, Endpoint] = {}
     for name, dialect in DIALECTS.items():
-        routes += [Route(prefix + path, _model_route(name), methods=["POST"])
-                   for path in dialect.paths]
+        endpoints.update({path: _model_route(name) for path in dialect.paths})
         if dialect.count_tokens_path is not None:
-            routes.append(Route(prefix + dialect.count_tokens_path, _count_tokens_route(name),
-                                methods=["POST"]))
-    return [*routes,
+            endpoints[dialect.count_tokens_path] = _count_tokens_route(name)
+    return endpoints
+
+
+def _model_routes(prefix: str, endpoints: dict[str, Endpoint]) -> list[Route]:
+    return [*(Route(prefix + path, endpoint, methods=["POST"])
+              for path, endpoint in endpoints.items()),
             Route(f"{prefix}/models", list_models, methods=["GET"]),
             Route(f"{prefix}/models/{{model:path}}", get_model, methods=["GET"])]
 
 
-def create_app(state: GatewayState) -> Starlette:
-    """The gateway's Starlette app, serving `state`."""
-    routes = [
-        *_model_routes("/s/{token}/v1"),
-        *_model_routes("/v1"),
-        *scoring_routes(),
-        *admin_routes(),
-    ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _bug})
-    app.state.gateway = state
+class GatewayApp:
+    """The gateway's ASGI application: model calls go straight to their endpoint, every
+    other request (admin, scoring, model listing, unknown paths, other methods) through
+    the Starlette app.
+
+    A model call is what the gateway serves hundreds of per second, and Starlette's two
+    exception middlewares, its router (a regular expression per route until one matches)
+    and its per-request wrappers doubled what a call costs beyond the pipeline itself, for
+    nothing those calls need (`benchmarks/bench_gateway_phases.py` prints both ways). The
+    same endpoints serve both ways: the Starlette routes exist too, and a request this
+    dispatch does not recognise gets exactly what it got before.
+    """
+
+    def __init__(self, state: GatewayState) -> None:
+        self.endpoints = _model_endpoints()
+        routes = [
+            *_model_routes("/s/{token}/v1", self.endpoints),
+            *_model_routes("/v1", self.endpoints),
+            *scoring_routes(),
+            *admin_routes(),
+        ]
+        self.starlette = Starlette(routes=routes, exception_handlers={
+            HTTPException: _http_error, Exception: _bug})
+        self.starlette.state.gateway = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        found = self._model_call(scope)
+        if found is None:
+            await self.starlette(scope, receive, send)
+            return
+        endpoint, token = found
+        scope["app"] = self.starlette  # what `request.app` is in Starlette's own routes
+        scope["path_params"] = {} if token is None else {"token": token}
+        request = Request(scope, receive)
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            response = await endpoint(request)
+            await response(scope, receive, tracked)
+        except Exception as exc:
+            # As Starlette's ServerErrorMiddleware: a 500 if nothing was sent yet, and the
+            # exception goes on to the server, which logs it.
+            if not started:
+                await (await _bug(request, exc))(scope, receive, send)
+            raise
+
+    def _model_call(self, scope: Scope) -> tuple[Endpoint, str | None] | None:
+        """The endpoint and path token of a model call, None for any other request."""
+        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+            return None
+        path: str = scope["path"]
+        token = None
+        if path.startswith("/s/"):
+            token, slash, rest = path[3:].partition("/")
+            if not token or not slash:
+                return None
+            path = "/" + rest
+        if not path.startswith("/v1/"):
+            return None
+        endpoint = self.endpoints.get(path[3:])
+        return None if endpoint is None else (endpoint, token)
+
+
+def create_app(state: GatewayState) -> GatewayApp:
+    """The gateway's ASGI app, serving `state`."""
+    app = GatewayApp(state)
     _freeze_startup_objects()
     return app
 
