@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import zstandard  # openforge's own dependency since its store writes zstd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins/openforge-openclaw/src"))
 
@@ -236,7 +237,6 @@ def _agent_db(state: Path) -> sqlite3.Connection:
 
 
 def test_parse_output_reads_openclaws_session_events(tmp_path: Path) -> None:
-    zstandard = pytest.importorskip("zstandard", reason="pip install ./plugins/openforge-openclaw")
     h = oc.create(**_fake_install(tmp_path))
     ctx = _ctx(tmp_path)
     h.prepare(ctx)
