@@ -340,31 +340,37 @@ async def drive(endpoints: list[str], tokens: list[str], turns: int, profile: st
 
 
 def run_big_sender(url: str, token: str) -> None:
-    """Post 10 MB chat bodies back to back until stdin closes; print how many were sent.
-    (Its own process: sending them must not slow down the load generator's loop.)"""
+    """Post 10 MB chat bodies back to back until stdin closes; print how many the gateway
+    answered, how many failed and the first failure, as JSON. (Its own process: sending
+    them must not slow down the load generator's loop.)"""
     big = json.dumps({"model": "policy", "max_tokens": 16, "messages": [
         {"role": "user", "content": "hello world, this is some text. " * (STALL_BODY_BYTES // 32)}]
     }).encode()
 
-    async def send() -> int:
+    async def send() -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         done = loop.run_in_executor(None, sys.stdin.read)
-        sent = 0
+        sent, failed, error = 0, 0, ""
         async with aiohttp.ClientSession() as h:
             while not done.done():
-                async with h.post(f"{url}/v1/chat/completions", data=big, headers={
-                        "Authorization": f"Bearer {token}",
-                        "content-type": "application/json"}) as r:
-                    await r.read()
-                    sent += 1
-        return sent
+                try:
+                    async with h.post(f"{url}/v1/chat/completions", data=big, headers={
+                            "Authorization": f"Bearer {token}",
+                            "content-type": "application/json"}) as r:
+                        await r.read()
+                        sent += 1
+                except aiohttp.ClientError as exc:
+                    failed += 1
+                    error = error or f"{type(exc).__name__}: {exc}"
+        return {"sent": sent, "failed": failed, "error": error}
 
-    print(asyncio.run(send()), flush=True)
+    print(json.dumps(asyncio.run(send())), flush=True)
 
 
 async def drive_with_big_bodies(url: str, sessions: list[dict[str, str]], big_token: str,
-                                turns: int) -> tuple[Load, int]:
-    """`drive` while another process sends 10 MB bodies back to back; how many it sent."""
+                                turns: int) -> tuple[Load, dict[str, Any]]:
+    """`drive` while another process sends 10 MB bodies back to back; what the sender
+    reported (`sent`, `failed`, `error`)."""
     sender = subprocess.Popen([sys.executable, __file__, "--big-sender", url, big_token],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     await asyncio.sleep(1.0)  # the sender is running (its first body on the way)
@@ -373,7 +379,11 @@ async def drive_with_big_bodies(url: str, sessions: list[dict[str, str]], big_to
                            [s["token"] for s in sessions], turns, "tools")
     finally:
         out, _ = await asyncio.to_thread(sender.communicate, b"", 120)
-    return load, int(out.strip() or 0)
+    try:
+        report: dict[str, Any] = json.loads(out)
+    except ValueError:  # it died: its traceback went to stderr
+        report = {"sent": 0, "failed": 0, "error": f"the sender exited {sender.returncode}"}
+    return load, report
 
 
 class Profiler:
@@ -505,12 +515,14 @@ class Result:
     """One measured figure, its target and whether the target was met."""
 
     name: str
-    value: float
+    value: float | None
     target: str
     met: bool | None  # None: reported, no target
     fmt: str = "{:.3f}"
 
     def line(self) -> str:
+        if self.value is None:  # a figure with a target that this run could not measure
+            return f"  {self.name:<44} {'-':>9}   target {self.target:<9} NOT measured"
         verdict = "" if self.met is None else "met" if self.met else "NOT met"
         return f"  {self.name:<44} {self.fmt.format(self.value):>9}   target {self.target:<9} {verdict}"
 
@@ -550,7 +562,7 @@ async def run(args: argparse.Namespace) -> None:
                     rounds.setdefault(name, []).append(phase)
                     if checks and (r == 0 or "CROSSED" in checks):
                         worker_report = checks
-            stall = ("not run", 0.0)
+            stall: tuple[str, float | None] = ("not run", None)
             if not args.only or "stall" in args.only:
                 stall = await stall_phase(tmp, standin_url, min(n, 16), max(turns // 2, 3))
     finally:
@@ -588,7 +600,8 @@ async def run(args: argparse.Namespace) -> None:
                per_cpu_2 / per_cpu_1 >= 0.90),
         Result("sessions crossing workers", 0 if "never crossed" in worker_report else 1, "0",
                "never crossed" in worker_report, "{:.0f}"),
-        Result("stall: p99 of others, extra ms", stall[1], "<= 50", stall[1] <= 50, "{:.1f}"),
+        Result("stall: p99 of others, extra ms", stall[1], "<= 50",
+               stall[1] is not None and stall[1] <= 50, "{:.1f}"),
         Result("merge rate (calls/sample), tools", one.merge or 0, "-", None, "{:.1f}"),
         Result("merge rate (calls/sample), users", by["users"].merge or 0, "-", None, "{:.1f}"),
     ]
@@ -601,30 +614,35 @@ async def run(args: argparse.Namespace) -> None:
 
 
 async def stall_phase(tmp: Path, standin_url: str, n: int, turns: int,
-                      rounds: int = 3) -> tuple[str, float]:
+                      rounds: int = 3) -> tuple[str, float | None]:
     """Others' tool turns alone and while 10 MB bodies arrive, `rounds` times each in
-    turn (so both see the same machine): the difference of their p99 latencies."""
+    turn (so both see the same machine): the difference of their p99 latencies, or None
+    when no 10 MB body was answered meanwhile (nothing was measured)."""
     gw, url = start_gateway(tmp / "stall.sqlite", standin_url, "tools")
     alone, during = Load([], 0.0, 0), Load([], 0.0, 0)
-    sent = 0
+    sent = failed = 0
+    errors: list[str] = []
     try:
         big = (await open_sessions(url, 1))[0]
         for _ in range(rounds):
             a = await drive([f"{url}/v1/chat/completions"] * n,
                             [s["token"] for s in await open_sessions(url, n)], turns, "tools")
-            d, k = await drive_with_big_bodies(url, await open_sessions(url, n), big["token"],
-                                               turns)
+            d, report = await drive_with_big_bodies(url, await open_sessions(url, n),
+                                                    big["token"], turns)
             alone.latencies += a.latencies
             during.latencies += d.latencies
-            sent += k
+            sent, failed = sent + report["sent"], failed + report["failed"]
+            errors += [report["error"]] if report["error"] else []
         rss = max(rss_mb(tree(gw)))
     finally:
         stop(gw)
-    extra = during.p99_ms - alone.p99_ms
-    return (f"{len(alone.latencies)} calls alone: p50 {alone.p50_ms:.1f} ms, p99 "
-            f"{alone.p99_ms:.1f} ms; {len(during.latencies)} calls while {sent} bodies of "
-            f"{STALL_BODY_BYTES >> 20} MB arrived: p50 {during.p50_ms:.1f} ms, p99 "
-            f"{during.p99_ms:.1f} ms; RSS afterwards {rss:.0f} MB", extra)
+    failures = f" ({failed} failed; first: {errors[0]})" if errors else ""
+    report_line = (
+        f"{len(alone.latencies)} calls alone: p50 {alone.p50_ms:.1f} ms, p99 "
+        f"{alone.p99_ms:.1f} ms; {len(during.latencies)} calls while {sent} bodies of "
+        f"{STALL_BODY_BYTES >> 20} MB were answered{failures}: p50 {during.p50_ms:.1f} ms, "
+        f"p99 {during.p99_ms:.1f} ms; RSS afterwards {rss:.0f} MB")
+    return report_line, (during.p99_ms - alone.p99_ms) if sent else None
 
 
 def main() -> None:

@@ -188,6 +188,27 @@ def test_a_failed_parse_leaves_the_memo_as_it_was() -> None:
     assert parse("chat", good, memo).model_dump() == parse("chat", good).model_dump()
 
 
+def test_tool_results_are_checked_against_the_calls_of_the_reused_history_only() -> None:
+    """The memo checks only the new messages' tool results, against the calls its reused
+    messages made: a call made in a part of the history that was not reused (the harness
+    rewrote it) answers nothing, a call made in the reused part still does."""
+    memo = HistoryMemo()
+    body = chat_turns(4)[-1]  # calls c0, c1, c2, each answered
+    first = parse("chat", body, memo)
+    rewritten = copy.deepcopy(body)
+    rewritten["messages"][-2]["tool_calls"][0]["id"] = "c2-rewritten"  # c2 is no longer called
+    with pytest.raises(DialectError, match="tool result 'c2' does not match"):
+        parse("chat", rewritten, memo)
+    with pytest.raises(DialectError, match="tool result 'c2' does not match"):
+        parse("chat", rewritten)  # as without the memo
+
+    late = copy.deepcopy(body)  # a new result for c0, whose call is in the reused history
+    late["messages"].append({"role": "tool", "tool_call_id": "c0", "content": "again"})
+    with_memo = parse("chat", late, memo)
+    assert with_memo.model_dump() == parse("chat", late).model_dump()
+    assert with_memo.messages[len(first.messages) - 1] is first.messages[-1]  # it was reused
+
+
 def _mutations(body: dict[str, Any], key: str) -> st.SearchStrategy[dict[str, Any]]:
     """Bodies sharing a prefix of `body[key]` with it, then differing."""
     items = body[key]

@@ -177,7 +177,7 @@ def _messages(body: dict[str, Any], memo: HistoryMemo | None = None) -> Resume:
     for i in range(max(parsed.n - 1, 0), len(raw_messages)):
         out.extend(_message_item(raw_messages[i], i))
         parsed.ends.append(len(out))
-    check_tool_results(out)
+    check_tool_results(parsed)
     return parsed
 
 

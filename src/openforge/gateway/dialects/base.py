@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Literal
 
 from openforge.gateway import json_process
 from openforge.gateway.conversation import ChatRequest, Completion, ImageRef, Message, Tool
-from openforge.gateway.dialects.memo import HistoryMemo
+from openforge.gateway.dialects.memo import HistoryMemo, Resume
 from openforge.types import SamplingParams
 
 DialectName = Literal["chat", "completions", "responses", "messages"]
@@ -485,12 +485,19 @@ def read_tool(obj: dict[str, Any], where: str, schema_key: str) -> Tool:
     return tool
 
 
-def check_tool_results(messages: list[Message]) -> None:
-    """Every tool result must answer a tool call made earlier in the conversation."""
-    called: set[str] = set()
-    for msg in messages:
+def check_tool_results(parsed: Resume) -> None:
+    """Every tool result must answer a tool call made earlier in the conversation.
+
+    Only the messages parsed for this request are looked at: the reused ones passed this
+    check when they were parsed, and `parsed.called` holds the calls they made (the check
+    adds the new ones), so a request costs what it adds, not its whole history.
+    """
+    called, messages = parsed.called, parsed.messages
+    for i in range(parsed.reused, len(messages)):
+        msg = messages[i]
         if msg.role == "assistant":
-            called.update(c.id for c in msg.tool_calls)
+            for c in msg.tool_calls:
+                called.setdefault(c.id, i)
         elif msg.role == "tool" and msg.tool_call_id not in called:
             raise DialectError(
                 f"tool result '{msg.tool_call_id}' does not match any earlier tool call"

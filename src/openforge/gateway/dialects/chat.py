@@ -174,7 +174,7 @@ class ChatDialect(Dialect):
             parsed.ends.append(len(messages))
         if not messages:
             raise DialectError("'messages' has no system, user, assistant or tool message")
-        check_tool_results(messages)
+        check_tool_results(parsed)
         check_n(body)
         options = opt_object(body, "stream_options") or {}
         raw_tools = body.get("tools")

@@ -51,13 +51,16 @@ class Resume:
 
     `messages` and `ends` hold what those items parsed to (new lists, to be extended by
     parsing the remaining items: each item appends its messages, then its boundary to
-    `ends`); `prints` are the fingerprints of all the request's items.
+    `ends`); `prints` are the fingerprints of all the request's items. `called` maps the
+    id of each tool call the reused messages made to the message that made it first.
     """
 
     n: int = 0
     messages: list[Message] = field(default_factory=list)
     ends: list[int] = field(default_factory=list)
     prints: list[int | None] = field(default_factory=list)
+    called: dict[str, int] = field(default_factory=dict)
+    reused: int = 0  # how many of `messages` were reused (already checked)
 
 
 def resume(memo: HistoryMemo | None, dialect: str, items: Sequence[Any]) -> Resume:
@@ -68,7 +71,7 @@ def resume(memo: HistoryMemo | None, dialect: str, items: Sequence[Any]) -> Resu
 class HistoryMemo:
     """One session's last parsed history, item by item, and its last parsed tools."""
 
-    __slots__ = ("dialect", "prints", "ends", "messages", "tools_print", "tools")
+    __slots__ = ("dialect", "prints", "ends", "messages", "called", "tools_print", "tools")
 
     def __init__(self) -> None:
         self.dialect = ""
@@ -76,6 +79,7 @@ class HistoryMemo:
         # ends[i]: how many messages items[:i + 1] produced, or OPEN.
         self.ends: list[int] = []
         self.messages: list[Message] = []
+        self.called: dict[str, int] = {}  # tool call id -> the message that made it first
         self.tools_print: int | None = None
         self.tools: list[Tool] | None = None
 
@@ -95,7 +99,11 @@ class HistoryMemo:
                 break
             if self.ends[i] != OPEN:
                 n, produced = i + 1, self.ends[i]
-        return Resume(n, self.messages[:produced], self.ends[:n], prints)
+        if produced == len(self.messages):
+            called = dict(self.called)
+        else:  # calls are kept in message order: those of the reused messages
+            called = {k: at for k, at in self.called.items() if at < produced}
+        return Resume(n, self.messages[:produced], self.ends[:n], prints, called, produced)
 
     def reuse_tools(self, dialect: str, raw: Any) -> list[Tool] | None:
         """The tools parsed last time from an identical `tools` value (a new list), or None."""
@@ -112,6 +120,7 @@ class HistoryMemo:
         self.prints = parsed.prints
         self.ends = parsed.ends
         self.messages = list(parsed.messages)
+        self.called = parsed.called
         if not (self.tools and _same_objects(tools, self.tools)):
             # Not what reuse_tools returned: fingerprint the value they came from.
             self.tools_print = fingerprint(raw_tools)

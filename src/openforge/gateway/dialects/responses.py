@@ -315,7 +315,7 @@ class ResponsesDialect(Dialect):
                 parsed.ends.append(history.boundary())
         if not any(m.role != "system" for m in history.messages):
             raise DialectError("'input' must contain at least one message")
-        check_tool_results(history.messages)
+        check_tool_results(parsed)
         raw_tools = body.get("tools")
         tools = memo.reuse_tools(self.name, raw_tools) if memo else None
         if tools is None:
