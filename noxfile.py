@@ -105,6 +105,9 @@ def bench(session: nox.Session) -> None:
     for script in ("bench_gateway.py", "bench_gateway_phases.py", "bench_export.py",
                    "bench_executor.py", "bench_kubernetes.py"):
         session.run("python", f"benchmarks/{script}", *args)
+    # The side-by-side comparison against a checkout (here this one: a smoke run).
+    session.run("python", "benchmarks/bench_gateway_ab.py", ".", "--rounds", "1",
+                "--sessions", "8", "--turns", "3")
     if "--quick" not in args:
         # The demo recipe end to end (~13 min on 2 cores): held-out reward, SFT vs GRPO.
         session.run("python", "benchmarks/bench_train_demo.py")

@@ -15,8 +15,11 @@ the function), so the printed microseconds per call add up to the pipeline's own
           tokenizer         encoding the texts the call adds (the backend's own time)
     parse_completion  completion ids -> assistant message (`renderers`' parse_response)
     commit            extend the session's branch
-    record            build the Call row and write it
-      store.add_call    the SQLite insert (compression of large bodies included)
+    record            build the Call row and queue it for the store
+    store write       `CallRecorder.flush`: the SQLite transaction (compression of large
+                      bodies included); one call per transaction here, as the replay sends
+                      one call at a time (under concurrent load, the calls that finish in
+                      one turn of the event loop share one)
 
 First the tool-call load runs once with its sessions spread over three ways in: the
 pipeline alone, the gateway's ASGI app (`create_app`: authentication, the body, then the
@@ -58,6 +61,7 @@ from openforge.gateway.ascii_path import AsciiPath  # noqa: E402
 from openforge.gateway.dialects.chat import ChatDialect  # noqa: E402
 from openforge.gateway.engines.base import Engine, GenerateRequest, GenerateResult  # noqa: E402
 from openforge.gateway.model import FastTokenizer, load_model_bundle  # noqa: E402
+from openforge.gateway.recorder import CallRecorder  # noqa: E402
 from openforge.gateway.state import GatewayState  # noqa: E402
 from openforge.store import Store  # noqa: E402
 
@@ -90,7 +94,7 @@ PHASES = [
     (branches.SessionTokens, "parse", "parse_completion"),
     (branches.SessionTokens, "commit", "commit"),
     (pipeline.CallResponse, "_record", "record"),
-    (Store, "add_call", "  store.add_call"),
+    (CallRecorder, "flush", "store write"),
 ]
 
 

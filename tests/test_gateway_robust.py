@@ -232,18 +232,18 @@ async def test_every_engine_failure_is_recorded_and_no_index_is_lost(
         assert statuses == [200, 503, 200, 503]
         # A row that cannot be written (a store fault) still takes its index, as a failed
         # call that says why; the calls after it go on counting.
-        original = Store.add_call
+        original = Store.add_calls
 
-        def refuse_once(self: Store, call: Any, *args: Any, **kwargs: Any) -> Any:
-            if call.status == "ok" and call.request:
-                monkeypatch.setattr(Store, "add_call", original)
+        def refuse_full_rows(self: Store, calls: Any) -> Any:
+            if any(c.call.status == "ok" and c.call.request for c in calls):
                 raise OSError("disk full")
-            return original(self, call, *args, **kwargs)
+            return original(self, calls)
 
-        monkeypatch.setattr(Store, "add_call", refuse_once)
+        monkeypatch.setattr(Store, "add_calls", refuse_full_rows)
         assert (await post(gw, session, "chat/completions", body("chat/completions"))
                 ).status_code == 200
         assert (await post(gw, session, "messages", body("messages"))).status_code == 503
+        monkeypatch.setattr(Store, "add_calls", original)
     finally:
         await gw.stop()
     calls = store.list_calls(session.id)

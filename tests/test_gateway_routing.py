@@ -8,6 +8,8 @@ for refusals, the same body: the dispatch may only be faster, never answer diffe
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -131,3 +133,36 @@ def test_a_bug_in_an_endpoint_is_a_500_that_names_it(app: GatewayApp,
     with TestClient(app) as tc, pytest.raises(RuntimeError, match="a gateway bug"):
         tc.post(f"/s/{session.token}/v1/chat/completions", json=CHAT)
     assert state.store.list_calls(session.id) == []  # refused before any generation
+
+
+async def test_a_stream_ends_in_the_message_that_carries_its_events(app: GatewayApp) -> None:
+    """One write for the SSE events and the end of the chunked body, and the call is in
+    the store once the app returns (its handler awaits the group commit)."""
+    state: GatewayState = app.starlette.state.gateway
+    session = state.sessions.open()
+    body = json.dumps({**CHAT, "stream": True}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/chat/completions",
+             "raw_path": b"/v1/chat/completions", "root_path": "", "query_string": b"",
+             "server": ("testserver", 80), "client": ("127.0.0.1", 1),
+             "headers": [(b"authorization", f"Bearer {session.token}".encode()),
+                         (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())]}
+    requests = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if requests:
+            return requests.pop()
+        await asyncio.Event().wait()  # the client never leaves
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[0]["status"] == 200
+    assert not sent[1].get("more_body") and sent[1]["body"].endswith(b"data: [DONE]\n\n")
+    [call] = state.store.list_calls(session.id)
+    assert call.status == "ok"

@@ -17,6 +17,7 @@ from openforge.store import (
     COMPRESS_OVER,
     SCHEMA_VERSION,
     DuplicateCallError,
+    NewCall,
     Store,
     StoreError,
     blob_to_floats,
@@ -156,6 +157,23 @@ def test_duplicate_call_id_raises_and_keeps_the_first(store: Store) -> None:
     # the connection is still usable after the rolled back insert
     store.add_call(make_call("c2", index=1))
     assert store.count_calls(session_id="s1") == 2
+
+
+def test_calls_added_together_commit_together_or_not_at_all(store: Store) -> None:
+    store.create_session(make_session())
+    image = {"a" * 64: ("image/png", b"png bytes")}
+    calls = [make_call(f"c{i}", index=i) for i in range(3)]
+    store.add_calls([NewCall(c, images=image) for c in calls])
+    assert [c.model_dump() for c in store.list_calls("s1")] == [c.model_dump() for c in calls]
+    assert store.count_images() == 1 and store.get_image("a" * 64) is not None
+
+    # One call already recorded: none of the batch is, and the error names the batch.
+    with pytest.raises(DuplicateCallError, match="'c3', 'c1'"):
+        store.add_calls([NewCall(make_call("c3", index=3)), NewCall(make_call("c1", n=9))])
+    assert store.count_calls(session_id="s1") == 3
+    assert store.get_call("c3") is None
+    store.add_calls([NewCall(make_call("c3", index=3))])  # the connection is still usable
+    assert store.count_calls(session_id="s1") == 4
 
 
 def test_large_request_is_compressed_and_round_trips(store: Store, tmp_path: Path) -> None:

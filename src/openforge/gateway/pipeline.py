@@ -4,7 +4,7 @@ decode + parse + render (under the session's lock; in a render thread unless the
 small, see `INLINE_BODY_BYTES`) -> `engine.generate`
 (cancelled when the client disconnects) -> parse the completion -> JSON or SSE (keep-alive
 comments while the engine is busy) -> only after the last byte was handed to the server:
-`SessionTokens.commit` and `store.add_call`.
+`SessionTokens.commit` and recording (`CallRecorder`: one transaction per loop turn).
 
 What each outcome leaves behind:
 
@@ -53,7 +53,7 @@ from openforge.gateway.model import ModelBundle
 from openforge.gateway.render import ContextLengthError, PromptError
 from openforge.gateway.sessions import LiveSession
 from openforge.gateway.state import GatewayState
-from openforge.store import ids_to_blob
+from openforge.store import NewCall, ids_to_blob
 from openforge.types import Call, SamplingParams
 
 log = logging.getLogger("openforge.gateway")
@@ -130,6 +130,7 @@ class CallResponse:
         self.payload: Any = None  # the decoded body
         self.chat: ChatRequest | None = None
         self.images: list[ImageRef] = []  # resolved, in prompt order
+        self.recorded: asyncio.Future[None] | None = None  # done once its row is committed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
@@ -143,6 +144,11 @@ class CallResponse:
                 self.body = b""
                 self.payload = self.chat = None
                 await self.state.off_loop(release_memory)
+        if self.recorded is not None:
+            # Its row is committed before the handler ends (see gateway/recorder.py); the
+            # flush is shared by the calls of one loop turn: cancelling this handler must
+            # not cancel it.
+            await asyncio.shield(self.recorded)
 
     # -- prepare: decode, parse, render (off the event loop) --------------------------------
 
@@ -333,9 +339,10 @@ class CallResponse:
             # bytes; SSE clients split events on blank lines, not on network reads).
             frames = b"".join(self.dialect.stream(completion, response_id=response_id,
                                                   model=model, created=created, request=chat))
-            await send({"type": "http.response.body", "body": frames, "more_body": True})
+            # The frames end the response in the same message: one write to the socket
+            # for the events and the end of the chunked body, not two.
             self._check_connected(watcher)
-            await send({"type": "http.response.body", "body": b""})
+            await send({"type": "http.response.body", "body": frames})
             self.delivered = True
         else:
             body = dumps_bytes(response_body)
@@ -413,24 +420,22 @@ class CallResponse:
             body_digest=self.body_digest, retry_count=self.retry_count,
             images=[image.sha256 for image in self.images],
             started_at=self.started_at, finished_at=time.time())
-        try:
-            self.state.store.add_call(call, request_json=request_json,
-                                      response_json=response_json, prompt_blob=prompt_blob,
-                                      images=image_blobs(self.images))
-        except Exception as exc:
+
+        def record_failure(exc: Exception) -> None:
             # Keep the index and the fact of the call: a failed row saying why.
-            log.exception("call %s: recording failed; recording it as failed", self.call_id)
-            bare = Call.model_construct(
-                id=self.call_id, session_id=live.session.id, branch=branch,
-                branch_reason=branch_reason, index=index, dialect=self.dialect_name,
-                request={}, response=None, prompt_ids=[], completion_ids=[], logprobs=[],
-                finish_reason=None, sampling=sampling.model_dump(),
-                weight_version=call.weight_version, exact_tokens=exact_tokens,
-                status="failed", error=f"recording failed: {type(exc).__name__}: {exc}; "
-                                       f"the call itself: {error or status}",
-                body_digest=self.body_digest, retry_count=self.retry_count, images=[],
-                started_at=self.started_at, finished_at=time.time())
+            log.error("call %s: recording failed; recording it as failed", self.call_id,
+                      exc_info=exc)
+            bare = call.model_copy(update={
+                "request": {}, "response": None, "prompt_ids": [], "completion_ids": [],
+                "logprobs": [], "finish_reason": None, "status": "failed", "images": [],
+                "error": f"recording failed: {type(exc).__name__}: {exc}; "
+                         f"the call itself: {error or status}",
+                "finished_at": time.time()})
             self.state.store.add_call(bare)
+
+        self.recorded = self.state.recorder.record(
+            NewCall(call, request_json, response_json, prompt_blob, image_blobs(self.images)),
+            record_failure)
 
 
 def _check_result(bundle: ModelBundle, result: GenerateResult) -> None:

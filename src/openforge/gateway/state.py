@@ -16,6 +16,7 @@ from openforge.gateway.engines.base import Engine
 from openforge.gateway.images import ImagePolicy
 from openforge.gateway.memory import map_large_blocks
 from openforge.gateway.model import ModelBundle
+from openforge.gateway.recorder import CallRecorder
 from openforge.gateway.sessions import SessionRegistry, serving_url, session_url, worker_of
 from openforge.gateway.workers import forwarded_headers
 from openforge.store import Store
@@ -44,6 +45,7 @@ class GatewayState:
         # Each call commits from the event loop: keep WAL checkpoints (file copies and
         # syncs) out of those commits.
         store.checkpoint_in_background()
+        self.recorder = CallRecorder(store)
         self.engine = engine
         self.bundle = bundle
         self.admin_key = admin_key or config.admin_key or secrets.token_urlsafe(32)
@@ -98,6 +100,7 @@ class GatewayState:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def close(self) -> None:
+        self.recorder.flush()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None

@@ -1,0 +1,103 @@
+"""Two gateways side by side under one load: this tree's and another checkout's.
+
+On a shared machine one run of `bench_gateway.py` moves by a tenth or more between runs,
+more than most changes to the gateway are worth. Here the gateway of another checkout (A,
+e.g. a `git worktree` of the commit before a change) and this tree's (B) serve at the
+same time, against one engine stand-in, under one load whose sessions alternate between
+them call by call: both see the same machine, so the ratio of their CPU per call holds
+still where each alone does not. Each round opens fresh sessions on both and drives
+S sessions x T tool-call turns (S/2 on each gateway); it prints both gateways' CPU ms per
+recorded call and B/A, then the median and range of B/A over the rounds.
+
+    git worktree add /tmp/base HEAD~1
+    python benchmarks/bench_gateway_ab.py /tmp/base [--rounds 8] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import bench_gateway as bench  # noqa: E402
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+def start(src: Path, store: Path, standin_url: str, profile: str,
+          workers: int) -> tuple[Any, str]:
+    """A gateway whose `openforge` is imported from `src`."""
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(src)
+    try:
+        return bench.start_gateway(store, standin_url, profile, workers=workers)
+    finally:
+        if previous is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = previous
+
+
+async def run(args: argparse.Namespace) -> None:
+    other = Path(args.other).resolve() / "src"
+    if not (other / "openforge").is_dir():
+        raise SystemExit(f"{args.other} is not an openforge checkout (no src/openforge)")
+    half = args.sessions // 2
+    print(f"bench_gateway_ab: A = {other.parent}, B = {HERE}; {2 * half} sessions x "
+          f"{args.turns} {args.profile} turns per round, {args.workers} worker(s) each, "
+          f"load average {os.getloadavg()[0]:.1f} at start")
+    standin, standin_url = bench.start_helper("--standin", "--latency-ms",
+                                              str(args.latency_ms))
+    ratios: list[float] = []
+    with TemporaryDirectory() as tmp:
+        a, a_url = start(other, Path(tmp) / "a.sqlite", standin_url, args.profile, args.workers)
+        b, b_url = start(HERE / "src", Path(tmp) / "b.sqlite", standin_url, args.profile,
+                         args.workers)
+        try:
+            for r in range(args.rounds):
+                endpoints, tokens = [], []
+                for x, y in zip(await bench.open_sessions(a_url, half),
+                                await bench.open_sessions(b_url, half), strict=True):
+                    endpoints += [f"{x['base_url']}/chat/completions",
+                                  f"{y['base_url']}/chat/completions"]
+                    tokens += [x["token"], y["token"]]
+                a0, b0 = bench.cpu_s(bench.tree(a)), bench.cpu_s(bench.tree(b))
+                await bench.drive(endpoints, tokens, args.turns, args.profile)
+                a_s, b_s = bench.cpu_s(bench.tree(a)) - a0, bench.cpu_s(bench.tree(b)) - b0
+                calls = half * args.turns
+                ratios.append(b_s / a_s)
+                print(f"round {r + 1}: A {a_s / calls * 1000:.3f} ms/call, "
+                      f"B {b_s / calls * 1000:.3f} ms/call, B/A {b_s / a_s:.3f}", flush=True)
+        finally:
+            bench.stop(a)
+            bench.stop(b)
+            bench.stop(standin)
+    print(f"B/A: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-"
+          f"{max(ratios):.3f} over {len(ratios)} rounds (CPU ms per recorded call; below 1: "
+          "B costs less)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("other", help="the other checkout (its src/openforge is A)")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--sessions", type=int, default=64, help="both gateways together")
+    parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=1, help="of each gateway")
+    parser.add_argument("--profile", choices=("tools", "users"), default="tools")
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    args = parser.parse_args()
+    if args.rounds < 1 or args.sessions < 2:
+        parser.error("--rounds must be at least 1 and --sessions at least 2")
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()
