@@ -11,6 +11,10 @@ recorded call and B/A, then the median and range of B/A over the rounds.
 
     git worktree add /tmp/base HEAD~1
     python benchmarks/bench_gateway_ab.py /tmp/base [--rounds 8] [--workers 2]
+
+With `--workers-b M`, B runs M workers where A runs `--workers`: against this checkout
+itself (`bench_gateway_ab.py . --workers-b 2`) that compares one worker with two under
+the same machine, which `bench_gateway.py`'s phases one after the other cannot.
 """
 
 from __future__ import annotations
@@ -50,16 +54,17 @@ async def run(args: argparse.Namespace) -> None:
     if not (other / "openforge").is_dir():
         raise SystemExit(f"{args.other} is not an openforge checkout (no src/openforge)")
     half = args.sessions // 2
-    print(f"bench_gateway_ab: A = {other.parent}, B = {HERE}; {2 * half} sessions x "
-          f"{args.turns} {args.profile} turns per round, {args.workers} worker(s) each, "
-          f"load average {os.getloadavg()[0]:.1f} at start")
+    workers_b = args.workers_b or args.workers
+    print(f"bench_gateway_ab: A = {other.parent} ({args.workers} worker(s)), B = {HERE} "
+          f"({workers_b}); {2 * half} sessions x {args.turns} {args.profile} turns per "
+          f"round, load average {os.getloadavg()[0]:.1f} at start")
     standin, standin_url = bench.start_helper("--standin", "--latency-ms",
                                               str(args.latency_ms))
     ratios: list[float] = []
     with TemporaryDirectory() as tmp:
         a, a_url = start(other, Path(tmp) / "a.sqlite", standin_url, args.profile, args.workers)
         b, b_url = start(HERE / "src", Path(tmp) / "b.sqlite", standin_url, args.profile,
-                         args.workers)
+                         workers_b)
         try:
             for r in range(args.rounds):
                 endpoints, tokens = [], []
@@ -91,6 +96,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=64, help="both gateways together")
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--workers", type=int, default=1, help="of each gateway")
+    parser.add_argument("--workers-b", type=int, help="of B, when not --workers")
     parser.add_argument("--profile", choices=("tools", "users"), default="tools")
     parser.add_argument("--latency-ms", type=float, default=20.0)
     args = parser.parse_args()
