@@ -402,7 +402,7 @@ class Profiler:
         if self.path is not None:
             self.process = subprocess.Popen(
                 ["py-spy", "record", "--pid", str(self.pid), "--rate", "250", "--format", "raw",
-                 "--subprocesses", "--nonblocking", "-o", self.path], stdout=subprocess.DEVNULL,
+                 "--nonblocking", "-o", self.path], stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL)
             time.sleep(0.5)  # py-spy attaches before the load starts
         return self
