@@ -24,8 +24,6 @@ def install_openforge(session: nox.Session, extras: str = "test,kubernetes") -> 
 def tests(session: nox.Session) -> None:
     """The test suite (unit, integration over real HTTP, property tests)."""
     install_openforge(session)
-    # The openclaw plugin's dependency: its tests read OpenClaw's zstd-compressed session events.
-    session.install("zstandard")
     # tests/e2e runs the real harness programs (minutes each): `nox -s e2e`.
     session.run("python", "-m", "pytest", "-q", "-rs", "--ignore=tests/e2e", *session.posargs)
 

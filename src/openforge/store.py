@@ -90,6 +90,13 @@ class DuplicateCallError(StoreError):
     """A call with this id is already recorded."""
 
 
+def _duplicate(calls: Sequence[NewCall]) -> DuplicateCallError:
+    if len(calls) == 1:
+        return DuplicateCallError(f"call {calls[0].call.id!r} is already recorded")
+    ids = ", ".join(repr(c.call.id) for c in calls)
+    return DuplicateCallError(f"one of the calls {ids} is already recorded")
+
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions (
@@ -360,17 +367,17 @@ class Store:
             return conn.execute(sql, params)
 
     @contextlib.contextmanager
-    def _transaction(self, duplicate: str = "") -> Iterator[sqlite3.Connection]:
-        """`BEGIN IMMEDIATE` ... `COMMIT`, rolled back on any error; with `duplicate`, a
-        key already taken is raised as `DuplicateCallError(duplicate)`."""
+    def _transaction(self, calls: Sequence[NewCall] = ()) -> Iterator[sqlite3.Connection]:
+        """`BEGIN IMMEDIATE` ... `COMMIT`, rolled back on any error; a key already taken
+        while writing `calls` is raised as `DuplicateCallError`."""
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
         try:
             yield conn
         except sqlite3.IntegrityError:
             conn.execute("ROLLBACK")
-            if duplicate:
-                raise DuplicateCallError(duplicate) from None
+            if calls:
+                raise _duplicate(calls) from None
             raise
         except BaseException:
             conn.execute("ROLLBACK")
@@ -602,11 +609,12 @@ class Store:
         stored is returned. A duplicate call id raises `DuplicateCallError`. The other
         arguments are `NewCall`'s.
         """
+        new = [NewCall(call, request_json, response_json, prompt_blob, images)]
         if not assign_index:
-            self.add_calls([NewCall(call, request_json, response_json, prompt_blob, images)])
+            self.add_calls(new)
             return call
-        new_images = self._new_images([NewCall(call, images=images)])
-        with self._transaction(f"call {call.id!r} is already recorded") as conn:
+        new_images = self._new_images(new)
+        with self._transaction(new) as conn:
             self._insert_images(conn, new_images)
             row = conn.execute("SELECT COALESCE(MAX(idx) + 1, 0) FROM calls WHERE session_id = ?",
                                (call.session_id,)).fetchone()
@@ -633,11 +641,9 @@ class Store:
             try:
                 self._conn().execute(_INSERT_CALL, rows[0])
             except sqlite3.IntegrityError:
-                raise DuplicateCallError(
-                    f"call {calls[0].call.id!r} is already recorded") from None
+                raise _duplicate(calls) from None
             return
-        ids = ", ".join(repr(c.call.id) for c in calls)
-        with self._transaction(f"one of the calls {ids} is already recorded") as conn:
+        with self._transaction(calls) as conn:
             self._insert_images(conn, new_images)
             conn.executemany(_INSERT_CALL, rows)
         self._stored_images.update(new_images)
