@@ -15,15 +15,29 @@ Phases, each S concurrent sessions x T turns, non-streaming, growing histories:
   sends its output back);
 - `users`: through the gateway, user-message turns (the model answers, the user writes
   again), with the default render policy, and once more with `exact`;
-- `tools x2 workers`: the gateway with `--workers 2` (CPU summed over its processes);
-  afterwards every session must be cached by exactly the worker it maps to, and each
+- `workers`: a gateway with one worker and one with `--workers 2` serve at the same time,
+  under one load of tool-call turns whose sessions alternate between them
+  (`side_by_side`): the ratio of their recorded calls per CPU-second (the 2-worker
+  gateway's CPU summed over its processes). Run one after the other, as the phases above
+  are, the two would see different machines: on 2 shared cores one round moves by a
+  fifth, more than the 10% the ratio is judged by. Two kinds of rounds, WORKER_ROUNDS of
+  each per round, alternating:
+  - the same sessions per worker (S/2 on the one worker, S on the two): what a second
+    worker costs when it carries what the first carries, i.e. any per-worker overhead.
+    Issue 20's target (within 10%) is judged on this one;
+  - the same sessions per gateway (S/2 on each, so S/4 per worker): reported. A process
+    serving fewer sessions at once shares its fixed costs per event-loop wake-up (the
+    epoll wait, socket wake-ups of the peers, a group commit) among fewer calls, so its
+    CPU per call rises as its sessions fall, with one worker or several.
+  Afterwards every session must be cached by exactly the worker it maps to, and each
   session's token must be refused (421) by the other worker;
 - `stall`: S sessions' tool turns, first alone, then while another client keeps sending
   10 MB bodies: the difference in their p99 latency.
 
-The pass-through and the gateway phases run `--rounds` times (default 3), round after
-round; a phase's CPU ms per call is the median of its rounds, printed with the lowest and
-highest (a single round moves by a fifth with the machine's other tenants).
+Every phase but `stall` runs `--rounds` times (default 3), round after round; a phase's
+CPU ms per call is the median of its rounds, printed with the lowest and highest (a single
+round moves by a fifth with the machine's other tenants). The two-worker figures are
+the medians of the `workers` phase's side-by-side rounds.
 
 For each: recorded calls, CPU ms per call of the serving process(es), its ratio to the
 pass-through's, p50 / p99 latency, RSS at the end, and the merge rate (calls per training
@@ -58,6 +72,7 @@ import aiohttp
 import psutil
 
 ADMIN_KEY = "bench-admin-key"
+WORKER_ROUNDS = 4  # side-by-side rounds of the `workers` phase, per round of the benchmark
 SHELL = {"type": "function", "function": {
     "name": "shell", "description": "Run a shell command in the workspace.",
     "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}},
@@ -466,29 +481,108 @@ def combine(rounds: list[Phase]) -> Phase:
 
 async def gateway_phase(name: str, tmp: Path, standin_url: str, profile: str, n: int,
                         turns: int, prefix: str | None, policy: str = "append",
-                        workers: int = 1, round_: int = 0
-                        ) -> tuple[Phase, list[dict[str, str]], str]:
+                        round_: int = 0) -> Phase:
     store = tmp / f"{name.replace(' ', '-')}-{round_}.sqlite"
-    gw, url = start_gateway(store, standin_url, profile, policy, workers)
+    gw, url = start_gateway(store, standin_url, profile, policy)
     try:
         sessions = await open_sessions(url, n)
         await asyncio.sleep(0.5)  # let start-up work (gc, imports) settle
         procs = tree(gw)
-        with Profiler(prefix, name.replace(" ", "-"), procs[-1].pid):
-            each0 = [cpu_s([p]) for p in procs]
+        with Profiler(prefix, name.replace(" ", "-"), gw.pid):
+            cpu0 = cpu_s(procs)
             load = await drive([f"{s['base_url']}/chat/completions" for s in sessions],
                                [s["token"] for s in sessions], turns, profile)
-            each = [cpu_s([p]) - c for p, c in zip(procs, each0, strict=True)]
-            used = sum(each)
-        rss = rss_mb(procs[1:] if workers > 1 else procs)
-        checks = ""
-        if workers > 1:
-            checks = (await worker_checks(sessions, workers) + "; CPU s of the load: parent "
-                      f"{each[0]:.2f}, workers {' + '.join(f'{c:.2f}' for c in each[1:])}")
+            used = cpu_s(procs) - cpu0
+        rss = rss_mb(procs)
     finally:
         stop(gw)
-    phase = Phase(name, load, used * 1000 / load.calls, rss, merge_rate(store))
-    return phase, sessions, checks
+    return Phase(name, load, used * 1000 / load.calls, rss, merge_rate(store))
+
+
+@dataclass
+class SideBySide:
+    """One round of two gateways serving at once: CPU ms per recorded call of each, and
+    the sessions B served."""
+
+    a_ms: float
+    b_ms: float
+    b_sessions: list[dict[str, str]]
+
+    @property
+    def per_cpu(self) -> float:
+        """B's recorded calls per CPU-second over A's (A's CPU ms per call / B's)."""
+        return self.a_ms / self.b_ms
+
+
+async def side_by_side(a: subprocess.Popen[bytes], a_url: str, na: int,
+                       b: subprocess.Popen[bytes], b_url: str, nb: int, turns: int,
+                       profile: str, b_first: bool = False) -> SideBySide:
+    """`na` fresh sessions on gateway A and `nb` on B, driven as one load whose sessions
+    alternate between them (`b_first`: B's first), so that both see the same machine at
+    every moment: their CPU per recorded call."""
+    a_sessions, b_sessions = await open_sessions(a_url, na), await open_sessions(b_url, nb)
+    first, second = (b_sessions, a_sessions) if b_first else (a_sessions, b_sessions)
+    order = [s for i in range(max(na, nb)) for s in (first[i:i + 1] + second[i:i + 1])]
+    a0, b0 = cpu_s(tree(a)), cpu_s(tree(b))
+    # Every conversation runs all its turns, or drive() exits.
+    await drive([f"{s['base_url']}/chat/completions" for s in order],
+                [s["token"] for s in order], turns, profile)
+    a_s, b_s = cpu_s(tree(a)) - a0, cpu_s(tree(b)) - b0
+    return SideBySide(a_s * 1000 / (na * turns), b_s * 1000 / (nb * turns), b_sessions)
+
+
+@dataclass
+class WorkersPhase:
+    """A 1-worker gateway (A) beside a 2-worker one (B), in two kinds of rounds: B carrying
+    twice A's sessions (as many per worker as A's one worker), and B carrying as many as A
+    (half per worker)."""
+
+    per_worker: list[SideBySide]
+    per_gateway: list[SideBySide]
+    rss: list[float]  # of B's workers
+    checks: str
+
+    def lines(self, n: int) -> str:
+        def line(what: str, rounds: list[SideBySide]) -> str:
+            ratios = [r.per_cpu for r in rounds]
+            return (f"    {what}: CPU ms per call {statistics.median(r.a_ms for r in rounds):.2f}"
+                    f" (1 worker), {statistics.median(r.b_ms for r in rounds):.2f} (2 workers); "
+                    f"calls per CPU-second, 2 workers / 1: median {statistics.median(ratios):.3f}"
+                    f" (rounds {min(ratios):.3f}-{max(ratios):.3f})")
+
+        half = n // 2
+        return "\n".join([
+            f"  workers: a 1-worker and a 2-worker gateway serving at once, sessions "
+            f"alternating, {len(self.per_worker)} + {len(self.per_gateway)} rounds (medians)",
+            line(f"the same sessions per worker ({half} and {2 * half})", self.per_worker),
+            line(f"the same sessions per gateway ({half} and {half})", self.per_gateway),
+            f"    RSS of the 2 workers {'+'.join(f'{r:.0f}' for r in self.rss)} MB; "
+            f"{self.checks}"])
+
+
+async def workers_phase(tmp: Path, standin_url: str, n: int, turns: int, rounds: int,
+                        round_: int = 0) -> WorkersPhase:
+    """`rounds` rounds of each kind of `WorkersPhase`, alternating, on fresh gateways."""
+    one, one_url = start_gateway(tmp / f"workers-1-{round_}.sqlite", standin_url, "tools")
+    two, two_url = start_gateway(tmp / f"workers-2-{round_}.sqlite", standin_url, "tools",
+                                 workers=2)
+    half = n // 2
+    per_worker: list[SideBySide] = []
+    per_gateway: list[SideBySide] = []
+    try:
+        await asyncio.sleep(0.5)  # let start-up work (gc, imports) settle
+        for r in range(rounds):
+            per_worker.append(await side_by_side(one, one_url, half, two, two_url, 2 * half,
+                                                 turns, "tools", b_first=r % 2 == 1))
+            per_gateway.append(await side_by_side(one, one_url, half, two, two_url, half,
+                                                  turns, "tools", b_first=r % 2 == 0))
+        rss = rss_mb(tree(two)[1:])
+        checks = await worker_checks(
+            [s for m in per_worker + per_gateway for s in m.b_sessions], 2)
+    finally:
+        stop(one)
+        stop(two)
+    return WorkersPhase(per_worker, per_gateway, rss, checks)
 
 
 async def worker_checks(sessions: list[dict[str, str]], workers: int) -> str:
@@ -539,7 +633,7 @@ async def run(args: argparse.Namespace) -> None:
             tmp = Path(tmp_dir)
             direct = await drive([f"{standin_url}/v1/chat/completions"] * n, ["x"] * n, turns,
                                  "tools")
-            worker_report = "not run"
+            workers: list[WorkersPhase] = []
             # Round after round of every phase, so that each phase sees the machine as the
             # others do (its other tenants come and go within a minute).
             for r in range(args.rounds):
@@ -550,18 +644,17 @@ async def run(args: argparse.Namespace) -> None:
                 rounds.setdefault("pass-through (tools)", []).append(Phase(
                     "pass-through (tools)", through,
                     (cpu_s(procs) - cpu0) * 1000 / through.calls, rss_mb(procs)))
-                for name, profile, policy, workers in (
-                        ("tools", "tools", "append", 1), ("users", "users", "append", 1),
-                        ("users (exact policy)", "users", "exact", 1),
-                        ("tools x2 workers", "tools", "append", 2)):
+                for name, profile, policy in (
+                        ("tools", "tools", "append"), ("users", "users", "append"),
+                        ("users (exact policy)", "users", "exact")):
                     if args.only and name not in args.only:
                         continue
-                    phase, sessions, checks = await gateway_phase(
+                    rounds.setdefault(name, []).append(await gateway_phase(
                         name, tmp, standin_url, profile, n, turns,
-                        args.profile if r == 0 else None, policy, workers, round_=r)
-                    rounds.setdefault(name, []).append(phase)
-                    if checks and (r == 0 or "CROSSED" in checks):
-                        worker_report = checks
+                        args.profile if r == 0 else None, policy, round_=r))
+                if not args.only or "workers" in args.only:
+                    workers.append(await workers_phase(tmp, standin_url, n, turns,
+                                                       WORKER_ROUNDS, round_=r))
             stall: tuple[str, float | None] = ("not run", None)
             if not args.only or "stall" in args.only:
                 stall = await stall_phase(tmp, standin_url, min(n, 16), max(turns // 2, 3))
@@ -579,13 +672,21 @@ async def run(args: argparse.Namespace) -> None:
           "   RSS MB  calls/sample")
     for phase in phases:
         print(phase.line(baseline))
-    print(f"  workers: {worker_report}")
+    both = WorkersPhase([m for w in workers for m in w.per_worker],
+                        [m for w in workers for m in w.per_gateway],
+                        [max(rss) for rss in zip(*(w.rss for w in workers), strict=True)],
+                        next((w.checks for w in workers if "CROSSED" in w.checks),
+                             workers[0].checks)) if workers else None
+    print(both.lines(n) if both else "  workers: not run")
     print(f"  stall: {stall[0]}")
-    if args.only:
+    if args.only or both is None:
         return
     by = {p.name: p for p in phases}
-    one, two = by["tools"], by["tools x2 workers"]
-    per_cpu_1, per_cpu_2 = 1000 / one.cpu_ms, 1000 / two.cpu_ms
+    one = by["tools"]
+    per_worker = statistics.median(r.per_cpu for r in both.per_worker)
+    per_gateway = statistics.median(r.per_cpu for r in both.per_gateway)
+    crossed = "never crossed" not in both.checks
+    rss = max(max(p.rss) for p in [*phases[1:], both])
     results = [
         Result("CPU ms per call, tool-call turns", one.cpu_ms, "<= 1.0", one.cpu_ms <= 1.0,
                "{:.2f}"),
@@ -593,13 +694,12 @@ async def run(args: argparse.Namespace) -> None:
                by["users"].cpu_ms <= 1.0, "{:.2f}"),
         Result("CPU ms per call, user turns, exact policy", by["users (exact policy)"].cpu_ms,
                "-", None, "{:.2f}"),
-        Result("RSS MB, one worker (max of phases)",
-               max(max(p.rss) for p in phases[1:] if len(p.rss) == 1), "<= 250",
-               max(max(p.rss) for p in phases[1:] if len(p.rss) == 1) <= 250, "{:.0f}"),
-        Result("calls per CPU-second, 2 workers / 1", per_cpu_2 / per_cpu_1, ">= 0.90",
-               per_cpu_2 / per_cpu_1 >= 0.90),
-        Result("sessions crossing workers", 0 if "never crossed" in worker_report else 1, "0",
-               "never crossed" in worker_report, "{:.0f}"),
+        Result("RSS MB of a gateway process (max of phases)", rss, "<= 250", rss <= 250,
+               "{:.0f}"),
+        Result("calls per CPU-second, 2 workers / 1", per_worker, ">= 0.90",
+               per_worker >= 0.90),
+        Result("  the same, half the sessions per worker", per_gateway, "-", None),
+        Result("sessions crossing workers", int(crossed), "0", not crossed, "{:.0f}"),
         Result("stall: p99 of others, extra ms", stall[1], "<= 50",
                stall[1] is not None and stall[1] <= 50, "{:.1f}"),
         Result("merge rate (calls/sample), tools", one.merge or 0, "-", None, "{:.1f}"),
@@ -659,7 +759,7 @@ def main() -> None:
                              "(PREFIX.PHASE.txt; collapsed stacks)")
     parser.add_argument("--only", action="append", metavar="PHASE",
                         help="run only this phase (repeatable): tools, users, "
-                             "'users (exact policy)', 'tools x2 workers', stall")
+                             "'users (exact policy)', workers, stall")
     parser.add_argument("--standin", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--passthrough", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--big-sender", help=argparse.SUPPRESS)

@@ -13,8 +13,9 @@ recorded call and B/A, then the median and range of B/A over the rounds.
     python benchmarks/bench_gateway_ab.py /tmp/base [--rounds 8] [--workers 2]
 
 With `--workers-b M`, B runs M workers where A runs `--workers`: against this checkout
-itself (`bench_gateway_ab.py . --workers-b 2`) that compares one worker with two under
-the same machine, which `bench_gateway.py`'s phases one after the other cannot.
+itself (`bench_gateway_ab.py . --workers-b 2`) that compares one worker with two, each
+gateway serving S/2 sessions (`bench_gateway.py`'s `workers` phase measures this, and
+two workers carrying twice one worker's sessions).
 """
 
 from __future__ import annotations
@@ -67,19 +68,11 @@ async def run(args: argparse.Namespace) -> None:
                          workers_b)
         try:
             for r in range(args.rounds):
-                endpoints, tokens = [], []
-                for x, y in zip(await bench.open_sessions(a_url, half),
-                                await bench.open_sessions(b_url, half), strict=True):
-                    endpoints += [f"{x['base_url']}/chat/completions",
-                                  f"{y['base_url']}/chat/completions"]
-                    tokens += [x["token"], y["token"]]
-                a0, b0 = bench.cpu_s(bench.tree(a)), bench.cpu_s(bench.tree(b))
-                await bench.drive(endpoints, tokens, args.turns, args.profile)
-                a_s, b_s = bench.cpu_s(bench.tree(a)) - a0, bench.cpu_s(bench.tree(b)) - b0
-                calls = half * args.turns
-                ratios.append(b_s / a_s)
-                print(f"round {r + 1}: A {a_s / calls * 1000:.3f} ms/call, "
-                      f"B {b_s / calls * 1000:.3f} ms/call, B/A {b_s / a_s:.3f}", flush=True)
+                m = await bench.side_by_side(a, a_url, half, b, b_url, half, args.turns,
+                                             args.profile, b_first=r % 2 == 1)
+                ratios.append(m.b_ms / m.a_ms)
+                print(f"round {r + 1}: A {m.a_ms:.3f} ms/call, B {m.b_ms:.3f} ms/call, "
+                      f"B/A {m.b_ms / m.a_ms:.3f}", flush=True)
         finally:
             bench.stop(a)
             bench.stop(b)
