@@ -286,6 +286,11 @@ def cpu_s(procs: list[psutil.Process]) -> float:
     return total
 
 
+def ratio(a: float, b: float) -> float:
+    """a / b; NaN when b is 0 (a load too small for the CPU clock's 10 ms ticks)."""
+    return a / b if b else float("nan")
+
+
 def rss_mb(procs: list[psutil.Process]) -> list[float]:
     return [p.memory_info().rss / 2**20 for p in procs]
 
@@ -463,7 +468,7 @@ class Phase:
         spread = (f"{self.cpu_range[0]:.2f}-{self.cpu_range[1]:.2f}" if self.cpu_range
                   else "-")
         return (f"  {self.name:<24} {self.load.calls:6d} {self.cpu_ms:8.2f} {spread:>11} "
-                f"{self.cpu_ms / baseline_ms:6.2f} {self.load.p50_ms:8.1f} {self.load.p99_ms:8.1f} "
+                f"{ratio(self.cpu_ms, baseline_ms):6.2f} {self.load.p50_ms:8.1f} {self.load.p99_ms:8.1f} "
                 f"{rss:>9} {merge}")
 
 
@@ -511,7 +516,7 @@ class SideBySide:
     @property
     def per_cpu(self) -> float:
         """B's recorded calls per CPU-second over A's (A's CPU ms per call / B's)."""
-        return self.a_ms / self.b_ms
+        return ratio(self.a_ms, self.b_ms)
 
 
 async def side_by_side(a: subprocess.Popen[bytes], a_url: str, na: int,
@@ -550,7 +555,7 @@ class WorkersPhase:
                     f"calls per CPU-second, 2 workers / 1: median {statistics.median(ratios):.3f}"
                     f" (rounds {min(ratios):.3f}-{max(ratios):.3f})")
 
-        half = n // 2
+        half = max(1, n // 2)
         return "\n".join([
             f"  workers: a 1-worker and a 2-worker gateway serving at once, sessions "
             f"alternating, {len(self.per_worker)} + {len(self.per_gateway)} rounds (medians)",
@@ -566,7 +571,7 @@ async def workers_phase(tmp: Path, standin_url: str, n: int, turns: int, rounds:
     one, one_url = start_gateway(tmp / f"workers-1-{round_}.sqlite", standin_url, "tools")
     two, two_url = start_gateway(tmp / f"workers-2-{round_}.sqlite", standin_url, "tools",
                                  workers=2)
-    half = n // 2
+    half = max(1, n // 2)
     per_worker: list[SideBySide] = []
     per_gateway: list[SideBySide] = []
     try:
@@ -711,6 +716,9 @@ async def run(args: argparse.Namespace) -> None:
         print(r.line())
     print("  (CPU ms per call is the figure that transfers between machines; the ratio is to "
           "the bare pass-through measured in this run)")
+    if args.quick:
+        print("  (--quick is a smoke run: a few hundred calls are too few for the CPU clock's "
+              "10 ms ticks; judge the targets on a full run)")
 
 
 async def stall_phase(tmp: Path, standin_url: str, n: int, turns: int,
