@@ -70,9 +70,9 @@ async def run(args: argparse.Namespace) -> None:
             for r in range(args.rounds):
                 m = await bench.side_by_side(a, a_url, half, b, b_url, half, args.turns,
                                              args.profile, b_first=r % 2 == 1)
-                ratios.append(m.b_ms / m.a_ms)
+                ratios.append(bench.ratio(m.b_ms, m.a_ms))
                 print(f"round {r + 1}: A {m.a_ms:.3f} ms/call, B {m.b_ms:.3f} ms/call, "
-                      f"B/A {m.b_ms / m.a_ms:.3f}", flush=True)
+                      f"B/A {ratios[-1]:.3f}", flush=True)
         finally:
             bench.stop(a)
             bench.stop(b)
