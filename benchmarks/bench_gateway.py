@@ -542,12 +542,14 @@ class WorkersPhase:
     twice A's sessions (as many per worker as A's one worker), and B carrying as many as A
     (half per worker)."""
 
+    sessions: int  # A's in every round
     per_worker: list[SideBySide]
     per_gateway: list[SideBySide]
     rss: list[float]  # of B's workers
+    separate: bool  # every session served by its own worker only (`worker_checks`)
     checks: str
 
-    def lines(self, n: int) -> str:
+    def lines(self) -> str:
         def line(what: str, rounds: list[SideBySide]) -> str:
             ratios = [r.per_cpu for r in rounds]
             return (f"    {what}: CPU ms per call {statistics.median(r.a_ms for r in rounds):.2f}"
@@ -555,7 +557,7 @@ class WorkersPhase:
                     f"calls per CPU-second, 2 workers / 1: median {statistics.median(ratios):.3f}"
                     f" (rounds {min(ratios):.3f}-{max(ratios):.3f})")
 
-        half = max(1, n // 2)
+        half = self.sessions
         return "\n".join([
             f"  workers: a 1-worker and a 2-worker gateway serving at once, sessions "
             f"alternating, {len(self.per_worker)} + {len(self.per_gateway)} rounds (medians)",
@@ -582,16 +584,17 @@ async def workers_phase(tmp: Path, standin_url: str, n: int, turns: int, rounds:
             per_gateway.append(await side_by_side(one, one_url, half, two, two_url, half,
                                                   turns, "tools", b_first=r % 2 == 0))
         rss = rss_mb(tree(two)[1:])
-        checks = await worker_checks(
+        separate, checks = await worker_checks(
             [s for m in per_worker + per_gateway for s in m.b_sessions], 2)
     finally:
         stop(one)
         stop(two)
-    return WorkersPhase(per_worker, per_gateway, rss, checks)
+    return WorkersPhase(half, per_worker, per_gateway, rss, separate, checks)
 
 
-async def worker_checks(sessions: list[dict[str, str]], workers: int) -> str:
-    """Every session cached by the worker its base URL names, and refused by the others."""
+async def worker_checks(sessions: list[dict[str, str]], workers: int) -> tuple[bool, str]:
+    """Every session cached by the worker its base URL names, and refused by the others:
+    whether that holds, and what was found."""
     roots = sorted({s["base_url"].split("/s/")[0] for s in sessions})
     cached = [(await health(root))["open_sessions_cached"] for root in roots]
     crossed = 0
@@ -605,8 +608,8 @@ async def worker_checks(sessions: list[dict[str, str]], workers: int) -> str:
                         "model": "m", "messages": [{"role": "user", "content": "hi"}]}) as r:
                     crossed += r.status != 421
     ok = sum(cached) == len(sessions) and crossed == 0 and len(roots) == workers
-    return (f"sessions per worker {cached} (of {len(sessions)}), requests served by a "
-            f"foreign worker {crossed}: {'never crossed' if ok else 'CROSSED'}")
+    return ok, (f"sessions per worker {cached} (of {len(sessions)}), requests served by a "
+                f"foreign worker {crossed}: {'never crossed' if ok else 'CROSSED'}")
 
 
 @dataclass
@@ -677,12 +680,13 @@ async def run(args: argparse.Namespace) -> None:
           "   RSS MB  calls/sample")
     for phase in phases:
         print(phase.line(baseline))
-    both = WorkersPhase([m for w in workers for m in w.per_worker],
+    both = WorkersPhase(workers[0].sessions, [m for w in workers for m in w.per_worker],
                         [m for w in workers for m in w.per_gateway],
                         [max(rss) for rss in zip(*(w.rss for w in workers), strict=True)],
-                        next((w.checks for w in workers if "CROSSED" in w.checks),
+                        all(w.separate for w in workers),
+                        next((w.checks for w in workers if not w.separate),
                              workers[0].checks)) if workers else None
-    print(both.lines(n) if both else "  workers: not run")
+    print(both.lines() if both else "  workers: not run")
     print(f"  stall: {stall[0]}")
     if args.only or both is None:
         return
@@ -690,7 +694,7 @@ async def run(args: argparse.Namespace) -> None:
     one = by["tools"]
     per_worker = statistics.median(r.per_cpu for r in both.per_worker)
     per_gateway = statistics.median(r.per_cpu for r in both.per_gateway)
-    crossed = "never crossed" not in both.checks
+    crossed = not both.separate
     rss = max(max(p.rss) for p in [*phases[1:], both])
     results = [
         Result("CPU ms per call, tool-call turns", one.cpu_ms, "<= 1.0", one.cpu_ms <= 1.0,
