@@ -293,17 +293,30 @@ def create_app(state: GatewayState) -> GatewayApp:
 
 _frozen = False
 
+#: Allocations (net of frees) between young-generation collections (CPython's default:
+#: 700). 64 calls in flight each hold a parsed request, rendered messages and token lists: at
+#: the default, a young collection runs several times per call, finds nearly everything
+#: still referenced, and promotes it, so the same payloads are traversed again in the
+#: older generations. At this threshold they are usually freed by reference counting
+#: before any collection looks at them. Measured with `benchmarks/bench_gateway_ab.py`
+#: (docs/internals.md, "Gateway cost").
+GC_YOUNG_THRESHOLD = 100_000
+
 
 def _freeze_startup_objects() -> None:
     """Exempt what is alive now (the tokenizer, renderers, pydantic's schemas: hundreds of
-    thousands of objects) from the cyclic garbage collector, once per process.
+    thousands of objects) from the cyclic garbage collector, and collect the young
+    generation less often, once per process.
 
     They live as long as the process; without this, every full collection walks them
     all again, which at gateway loads was a fifth of the gateway's CPU. Garbage is
-    collected first so none is kept for good; objects created later are collected as usual.
+    collected first so none is kept for good; objects created later are collected as usual
+    (cycles still are: the collector stays on, it only runs less often).
     """
     global _frozen
     if not _frozen:
         _frozen = True
         gc.collect()
         gc.freeze()
+        young, older, oldest = gc.get_threshold()
+        gc.set_threshold(max(GC_YOUNG_THRESHOLD, young), older, oldest)
