@@ -304,11 +304,15 @@ def test_an_ended_sandbox_keeps_its_namespace_number_while_it_is_swept(
     workspace.mkdir(parents=True)
     view = build_view(tmp_path / "agent", workspace=workspace, programs=[], data=[],
                       protected=[])
-    exit_ = agent.run_agent(mode, Command(argv=["true"], cwd=workspace),
+    # `cat` waits for its stdin, which the supervisor feeds only once it holds the namespace:
+    # a command that needs nothing (`true`) may end first on a loaded machine, and then there
+    # is no namespace left to hold or sweep.
+    exit_ = agent.run_agent(mode, Command(argv=["cat"], cwd=workspace, stdin="fed\n"),
                             env={"PATH": "/usr/bin:/bin"}, view=view, work_dir=tmp_path,
                             stdout=tmp_path / "out", stderr=tmp_path / "err", timeout_s=60,
                             trusted=set())
     assert exit_.returncode == 0, (tmp_path / "err").read_text()
+    assert (tmp_path / "out").read_text() == "fed\n"
     assert held_during and all(held_during)
     assert not open_namespaces()  # and lets go of it after
 
