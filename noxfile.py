@@ -135,22 +135,22 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_gateway_ab.py", ".", "--rounds", "1",
                 "--sessions", "8", "--turns", "3")
     if "--quick" not in args:
-        # The demo recipe end to end (~13 min on 2 cores): held-out reward, SFT vs GRPO.
+        # The demo recipe end to end (14-31 min on 2 cores): held-out reward, SFT vs GRPO.
         session.run("python", "benchmarks/bench_train_demo.py")
 
 
 # The learning gate's floor: just above 0, i.e. at least one of the 36 evaluated attempts
 # (1/36 = 0.028) better on balance after GRPO. A trainer that does not move the weights
-# gains exactly 0 (common random numbers), one that moves them the wrong way less. The
-# gain itself depends on the CPU's floating point (docs/training.md, "The learning gate":
-# +0.167 to +0.222 over three seeds on one machine, +0.056 on seed 0 on CI's), so the floor
+# gains exactly 0 (common random numbers), one that moves them the wrong way less. With
+# 36 attempts the gain's standard error is ~0.1 (docs/training.md, "The learning gate": one
+# seed-0 run on a loaded machine gained +0.056 where quiet ones gain +0.222), so the floor
 # is not set from one machine's spread.
 MIN_VALIDATION_GAIN = "0.02"
 
 
 @nox.session
 def learn(session: nox.Session) -> None:
-    """The demo recipe end to end on its defaults (18-31 min on 2 cores), failing when GRPO's
+    """The demo recipe end to end on its defaults (14-31 min on 2 cores), failing when GRPO's
     validation gain is below MIN_VALIDATION_GAIN; extra arguments go to the recipe
     (`nox -s learn -- --set grpo_learning_rate=0` shows the gate failing)."""
     install_openforge(session)
