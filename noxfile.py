@@ -40,6 +40,14 @@ def install(session: nox.Session, *requirements: str) -> None:
         _installed.add(requirements)
 
 
+def pytest(session: nox.Session, *args: str, workers: bool = True,
+           env: dict[str, str] | None = None) -> None:
+    """pytest, quiet, with skip reasons, on PYTEST_WORKERS unless `workers=False` (a file or
+    two of long single tests); the session's extra arguments come last, so `-- -n 0` wins."""
+    session.run("python", "-m", "pytest", "-q", "-rs", *(PYTEST_WORKERS if workers else ()),
+                *args, *session.posargs, env=env)
+
+
 def install_openforge(session: nox.Session, extras: str = "test,kubernetes") -> None:
     install(session, "pip>=24", "setuptools>=68", "wheel")
     install(session, TORCH)
@@ -51,8 +59,7 @@ def tests(session: nox.Session) -> None:
     """The test suite (unit, integration over real HTTP, property tests)."""
     install_openforge(session)
     # tests/e2e runs the real harness programs (minutes each): `nox -s e2e`.
-    session.run("python", "-m", "pytest", "-q", "-rs", *PYTEST_WORKERS, "--ignore=tests/e2e",
-                *session.posargs)
+    pytest(session, "--ignore=tests/e2e")
 
 
 @nox.session
@@ -68,25 +75,20 @@ def e2e(session: nox.Session) -> None:
                         ("openforge_claude_code.harness", "ClaudeCodeHarness"),
                         ("openforge_openclaw.harness", "OpenClawHarness")):
         session.run("python", "-c", f"from {module} import {cls}; print({cls}().install())")
-    session.run("python", "-m", "pytest", "-q", "-rs", *PYTEST_WORKERS, "tests/e2e",
-                *session.posargs, env={"OPENFORGE_E2E": "1"})
+    pytest(session, "tests/e2e", env={"OPENFORGE_E2E": "1"})
     # openforge-claw's tasks through the real OpenClaw (right and wrong scripted solutions),
     # and Claw-Eval tasks (fixture checkout) with their tools as MCP servers in OpenClaw,
     # Codex and Claude Code.
     install(session, "./openforge_claw[claw-eval,test]")
-    session.run("python", "-m", "pytest", "-q", "-rs", *PYTEST_WORKERS,
-                "openforge_claw/tests/test_openclaw_e2e.py",
-                "openforge_claw/tests/test_claw_eval_e2e.py", *session.posargs,
-                env={"OPENFORGE_E2E": "1"})
+    pytest(session, "openforge_claw/tests/test_openclaw_e2e.py",
+           "openforge_claw/tests/test_claw_eval_e2e.py", env={"OPENFORGE_E2E": "1"})
     # QwenClawBench fixture tasks through the real OpenClaw: its own session events graded.
-    session.run("python", "-m", "pytest", "-q", "-rs", "-m", "e2e",
-                "openforge_claw/tests/test_qwenclawbench.py", *session.posargs,
-                env={"OPENFORGE_E2E": "1"})
+    pytest(session, "-m", "e2e", "openforge_claw/tests/test_qwenclawbench.py", workers=False,
+           env={"OPENFORGE_E2E": "1"})
     # The real QwenClawBench through the real OpenClaw, where OPENFORGE_QCB_PATH names a
     # checkout (.ci/run sets it where this machine has one; the test says so when it skips).
-    session.run("python", "-m", "pytest", "-q", "-rs", "-k", "openclaw",
-                "openforge_claw/tests/test_qwenclawbench_real.py", *session.posargs,
-                env={"OPENFORGE_E2E": "1"})
+    pytest(session, "-k", "openclaw", "openforge_claw/tests/test_qwenclawbench_real.py",
+           workers=False, env={"OPENFORGE_E2E": "1"})
 
 
 @nox.session
@@ -118,9 +120,9 @@ def verl(session: nox.Session) -> None:
     session.install(TORCH, "verl[verl-core]==0.9.1")
     session.install(TORCH, "-e", ".[test,verl]")
     # Every veRL test, and a veRL that does not import fails them instead of skipping them.
-    session.run("python", "-m", "pytest", "-q", "-rs", "tests/test_training_verl.py",
-                "tests/test_export.py::test_verl_rows_load_with_verls_own_dataset",
-                *session.posargs, env={"OPENFORGE_REQUIRE_VERL": "1"})
+    pytest(session, "tests/test_training_verl.py",
+           "tests/test_export.py::test_verl_rows_load_with_verls_own_dataset", workers=False,
+           env={"OPENFORGE_REQUIRE_VERL": "1"})
 
 
 @nox.session
@@ -170,8 +172,7 @@ def claw(session: nox.Session) -> None:
     machine has the fetched repositories."""
     install_openforge(session)
     install(session, "./openforge_claw[claw-eval,judge,test]")
-    session.run("python", "-m", "pytest", "-q", "-rs", *PYTEST_WORKERS, "openforge_claw/tests",
-                *session.posargs)
+    pytest(session, "openforge_claw/tests")
 
 
 @nox.session
@@ -189,9 +190,7 @@ def gui_plugins(session: nox.Session) -> None:
     install(session, "./openforge_gui", "./plugins/openforge-osworld", "./plugins/openforge-mind2web")
     # One pytest per plugin: each has its own conftest.py of stand-ins.
     for plugin in ("plugins/openforge-osworld", "plugins/openforge-mind2web"):
-        session.run("python", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *PYTEST_WORKERS,
-                    f"{plugin}/tests",
-                    *session.posargs)
+        pytest(session, "-p", "no:cacheprovider", f"{plugin}/tests")
 
 
 @nox.session
@@ -201,6 +200,4 @@ def gui(session: nox.Session) -> None:
     the web judge. Needs Debian's Chromium (apt-get install chromium-headless-shell)."""
     install_openforge(session)
     install(session, "./openforge_gui[judge,test]")
-    session.run("python", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *PYTEST_WORKERS,
-                "openforge_gui/tests",
-                *session.posargs)
+    pytest(session, "-p", "no:cacheprovider", "openforge_gui/tests")
