@@ -15,17 +15,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from harness_plugins import pip_install
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "plugins" / "openforge-example"
-
-
-def pip_install(target: Path, *projects: Path) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(target), *map(str, projects)],
-        check=True, capture_output=True,
-    )
 
 
 def openforge(*args: str, path: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import HERE, JudgeServer
+from harness_plugins import pip_install
 from openforge_gui.webtasks import TaskFileError
 from openforge_mind2web.environment import OnlineMind2WebEnvironment, write_result
 from openforge_mind2web.plugin import Mind2WebJudgeReward
@@ -81,9 +82,7 @@ def test_mind2web_judge_is_webjudge_with_the_benchmarks_default_model() -> None:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("site-packages")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--no-index", "--target", str(target), str(GUI),
-                    str(PLUGIN)], check=True, capture_output=True)
+    pip_install(target, GUI, PLUGIN)
     return target
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import HERE, StandinVM
+from harness_plugins import pip_install
 
 PLUGIN = HERE.parent
 GUI = PLUGIN.parents[1] / "openforge_gui"
@@ -26,9 +27,7 @@ GUI = PLUGIN.parents[1] / "openforge_gui"
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("site")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--no-index", "--target", str(target), str(GUI),
-                    str(PLUGIN)], check=True, capture_output=True)
+    pip_install(target, GUI, PLUGIN)
     return target
 
 
