@@ -8,13 +8,9 @@ harnesses (Claude Code alone is ~400 MB).
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
-
-# The helpers in tests/ (harness_plugins.py) are imported by module name.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 E2E_ENV = "OPENFORGE_E2E"
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,9 +21,6 @@ from typing import Any
 import pytest
 
 HERE = Path(__file__).resolve().parent
-# The repository's test helpers (tests/harness_plugins.py: `pip_install` builds from a copy,
-# so parallel workers never build in the same source tree, and the tree stays clean).
-sys.path.append(str(HERE.parents[2] / "tests"))
 
 
 class _Quiet:

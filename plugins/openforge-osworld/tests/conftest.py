@@ -19,9 +19,6 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-# The repository's test helpers (tests/harness_plugins.py: `pip_install` builds from a copy,
-# so parallel workers never build in the same source tree, and the tree stays clean).
-sys.path.append(str(HERE.parents[2] / "tests"))
 STANDIN = HERE / "standin"
 TASKS = HERE / "tasks"
 REAL_PYTHON = os.environ.get("OPENFORGE_OSWORLD_PYTHON")
