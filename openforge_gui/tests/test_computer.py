@@ -4,6 +4,7 @@ and the browser screen in real headless Chromium on a local page."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 from collections.abc import Iterator
@@ -13,12 +14,14 @@ import httpx
 import pytest
 from PIL import Image
 
+from openforge.types import Task
 from openforge_gui.actions import Action, Click, Type
 from openforge_gui.computer import (
     ActionFailed,
     Computer,
     ComputerAPIError,
     ComputerClient,
+    ComputerEnvironment,
     ComputerServer,
     Episode,
 )
@@ -138,3 +141,57 @@ def parse(text: str) -> Action:
     from openforge_gui.actions import parse_action
 
     return parse_action(text)
+
+
+class CanvasEnvironment(ComputerEnvironment):
+    """The computer environment base class over a `Canvas`."""
+
+    name = "canvas"
+
+    def tasks(self, split: str | None = None) -> list[Task]:
+        return [Task(id="t", prompt="paint")]
+
+    def open_computer(self, task: Task, workspace: Path) -> Computer:
+        return Canvas()
+
+
+def test_judged_screenshots_are_out_of_the_agents_reach_until_it_is_gone(
+        tmp_path: Path) -> None:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    env = CanvasEnvironment()
+    [task] = env.tasks()
+    env.prepare(task, workspace)
+    try:
+        client = ComputerClient.from_workspace(workspace)  # as a harness finds it
+        for x in (1, 2, 3):
+            client.act(Click(x=x, y=1))
+        client.close()
+        # What the agent can write while it runs: its workspace. No screenshot is there.
+        screens = workspace / ".openforge" / "screens"
+        assert not screens.exists()
+        screens.mkdir(parents=True)
+        forged = Canvas().screenshot()[0]  # a blank screen, "before any click"
+        (screens / "step-3.png").write_bytes(forged)
+        (screens / "planted.png").write_bytes(forged)
+        # Without isolation it could also find the private folder: a changed screenshot
+        # is shown to no judge.
+        assert env.episode is not None
+        private = Path(env.episode.history[1].screenshot or "")
+        assert not private.is_relative_to(workspace)
+        private.write_bytes(forged)
+
+        history = env.final_state(task, workspace)["episode"]["history"]
+        assert sorted(p.name for p in screens.iterdir()) == ["step-1.png", "step-3.png"]
+        first, second, third = history
+        assert second["screenshot"] is None and second["screenshot_changed"] is True
+        for entry in (first, third):
+            png = Path(entry["screenshot"]).read_bytes()
+            assert Path(entry["screenshot"]).parent == screens
+            assert hashlib.sha256(png).hexdigest() == entry["screenshot_sha256"]
+            assert png != forged
+        assert Image.open(io.BytesIO(Path(third["screenshot"]).read_bytes())).getpixel(
+            (3, 1)) == (0, 0, 0)
+    finally:
+        env.close()
+    assert not private.parent.exists()  # the private folder goes with the environment

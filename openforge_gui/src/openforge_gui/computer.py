@@ -23,8 +23,11 @@ harness uses to talk to the server.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import secrets
+import shutil
+import tempfile
 import threading
 from abc import ABC, abstractmethod
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -93,6 +96,7 @@ class HistoryEntry(BaseModel):
     error: str | None = None
     url: str | None = None
     screenshot: str | None = None  # path of the screenshot taken after the action, if kept
+    screenshot_sha256: str | None = None  # of those bytes, as captured
 
 
 class Computer(ABC):
@@ -186,8 +190,10 @@ class Episode:
             if self.keep_screens is not None:
                 self.keep_screens.mkdir(parents=True, exist_ok=True)
                 path = self.keep_screens / f"step-{self.step}.png"
-                path.write_bytes(self.computer.screenshot()[0])
+                png = self.computer.screenshot()[0]
+                path.write_bytes(png)
                 entry.screenshot = str(path)
+                entry.screenshot_sha256 = hashlib.sha256(png).hexdigest()
             self.history.append(entry)
             return ActionResult(ok=error is None, error=error, done=self.done, step=self.step)
 
@@ -349,7 +355,8 @@ class ComputerOptions(PluginOptions):
     max_steps: int = Field(default=30, ge=1)
     """Actions per episode at most (a task's own `max_steps` wins)."""
     keep_screens: bool = True
-    """Keep a screenshot after each step under `.openforge/screens/` (judges read them)."""
+    """Keep a screenshot after each step (judges read them): outside the workspace while the
+    agent runs, under `.openforge/screens/` in the final state."""
 
 
 class ComputerEnvironment(Environment):
@@ -369,6 +376,7 @@ class ComputerEnvironment(Environment):
         self.keep_screens = self.options.keep_screens
         self.episode: Episode | None = None
         self.server: ComputerServer | None = None
+        self._screens: Path | None = None  # the episode's screenshots while the agent runs
 
     @abstractmethod
     def open_computer(self, task: Task, workspace: Path) -> Computer:
@@ -376,16 +384,24 @@ class ComputerEnvironment(Environment):
 
     def prepare(self, task: Task, workspace: Path) -> None:
         computer = self.open_computer(task, workspace)
-        screens = workspace / ".openforge" / "screens" if self.keep_screens else None
+        # Judges score these screenshots: while the agent runs they are kept outside its
+        # workspace (the sandbox's view has no such folder), and `final_state` shows them
+        # there once its processes are gone.
+        self._screens = (Path(tempfile.mkdtemp(prefix="openforge-screens-"))
+                         if self.keep_screens else None)
         max_steps = int(task.data.get("max_steps", self.max_steps))
-        self.episode = Episode(computer, max_steps=max_steps, keep_screens=screens)
+        self.episode = Episode(computer, max_steps=max_steps, keep_screens=self._screens)
         self.server = ComputerServer(self.episode)
         self.server.config.write(workspace)
 
     def final_state(self, task: Task, workspace: Path) -> dict[str, Any]:
         if self.episode is None:
             return {}
-        return {"episode": self.episode.summary()}
+        summary = self.episode.summary()
+        if self._screens is not None:
+            summary["history"] = _show_screens(summary["history"],
+                                               workspace / ".openforge" / "screens")
+        return {"episode": summary}
 
     def close(self) -> None:
         if self.server is not None:
@@ -394,6 +410,33 @@ class ComputerEnvironment(Environment):
         if self.episode is not None:
             self.episode.computer.close()
             self.episode = None
+        if self._screens is not None:
+            shutil.rmtree(self._screens, ignore_errors=True)
+            self._screens = None
+
+
+def _show_screens(history: list[dict[str, Any]], folder: Path) -> list[dict[str, Any]]:
+    """`history` with each kept screenshot copied into `folder` (what the agent left there is
+    not evidence: it goes first). A screenshot whose bytes are no longer those captured
+    (without isolation the agent could reach the private folder) is not shown to anyone:
+    its entry keeps no path, and says so in `screenshot_changed`."""
+    if folder.exists():
+        shutil.rmtree(folder)  # links were removed before this runs (sandbox.scrub)
+    folder.mkdir(parents=True)
+    shown = []
+    for entry in history:
+        entry = dict(entry)
+        source = entry.get("screenshot")
+        if source:
+            png = Path(source).read_bytes() if Path(source).is_file() else b""
+            if hashlib.sha256(png).hexdigest() == entry.get("screenshot_sha256"):
+                target = folder / Path(source).name
+                target.write_bytes(png)
+                entry["screenshot"] = str(target)
+            else:
+                entry["screenshot"], entry["screenshot_changed"] = None, True
+        shown.append(entry)
+    return shown
 
 
 __all__ = ["ActionFailed", "ActionResult", "Computer", "ComputerAPIError", "ComputerClient",

@@ -115,6 +115,9 @@ def test_screenshots_follow_the_vm_and_desktop_only_actions_are_refused(
         assert after != before  # the focused editor is drawn differently
         refused = client.act({"type": "goto", "url": "https://example.com"})
         assert not refused.ok and "browser" in (refused.error or "")
+        # The kept screenshots reach the workspace with the final state, once the agent is
+        # gone (openforge-gui's ComputerEnvironment).
+        env.final_state(task, workspace)
         kept = sorted(p.name for p in (workspace / ".openforge" / "screens").iterdir())
         assert kept == ["step-1.png", "step-2.png"]
         png = (workspace / ".openforge" / "screens" / "step-1.png").read_bytes()
