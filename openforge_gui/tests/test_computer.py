@@ -195,3 +195,27 @@ def test_judged_screenshots_are_out_of_the_agents_reach_until_it_is_gone(
     finally:
         env.close()
     assert not private.parent.exists()  # the private folder goes with the environment
+
+
+@pytest.mark.parametrize("planted", [".openforge/screens", ".openforge"])
+def test_a_file_where_the_screenshots_go_does_not_stop_the_final_state(
+        tmp_path: Path, planted: str) -> None:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    env = CanvasEnvironment()
+    [task] = env.tasks()
+    env.prepare(task, workspace)
+    try:
+        client = ComputerClient.from_workspace(workspace)
+        client.act(Click(x=1, y=1))
+        client.close()
+        if planted == ".openforge":
+            (workspace / ".openforge" / "computer.json").unlink()
+            (workspace / ".openforge").rmdir()
+        (workspace / planted).write_text("not a folder")
+        [entry] = env.final_state(task, workspace)["episode"]["history"]
+        assert Path(entry["screenshot"]) == workspace / ".openforge" / "screens" / "step-1.png"
+        assert hashlib.sha256(Path(entry["screenshot"]).read_bytes()).hexdigest() == \
+            entry["screenshot_sha256"]
+    finally:
+        env.close()

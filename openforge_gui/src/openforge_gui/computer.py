@@ -420,8 +420,13 @@ def _show_screens(history: list[dict[str, Any]], folder: Path) -> list[dict[str,
     not evidence: it goes first). A screenshot whose bytes are no longer those captured
     (without isolation the agent could reach the private folder) is not shown to anyone:
     its entry keeps no path, and says so in `screenshot_changed`."""
-    if folder.exists():
-        shutil.rmtree(folder)  # links were removed before this runs (sandbox.scrub)
+    # A file, a link or a folder: whatever the agent left where the copies go (a file there
+    # must not turn a scored attempt into an environment failure).
+    for path in (folder.parent, folder):
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            path.unlink()
+    if folder.is_dir():
+        shutil.rmtree(folder)
     folder.mkdir(parents=True)
     shown = []
     for entry in history:
