@@ -155,18 +155,24 @@ class CanvasEnvironment(ComputerEnvironment):
         return Canvas()
 
 
-def test_judged_screenshots_are_out_of_the_agents_reach_until_it_is_gone(
-        tmp_path: Path) -> None:
-    workspace = tmp_path / "workspace"
+def clicked_canvas(workspace: Path, clicks: int) -> tuple[CanvasEnvironment, Task]:
+    """A prepared canvas whose agent clicked `clicks` times, as a harness would."""
     workspace.mkdir()
     env = CanvasEnvironment()
     [task] = env.tasks()
     env.prepare(task, workspace)
+    client = ComputerClient.from_workspace(workspace)  # as a harness finds it
+    for x in range(1, clicks + 1):
+        client.act(Click(x=x, y=1))
+    client.close()
+    return env, task
+
+
+def test_judged_screenshots_are_out_of_the_agents_reach_until_it_is_gone(
+        tmp_path: Path) -> None:
+    workspace = tmp_path / "workspace"
+    env, task = clicked_canvas(workspace, clicks=3)
     try:
-        client = ComputerClient.from_workspace(workspace)  # as a harness finds it
-        for x in (1, 2, 3):
-            client.act(Click(x=x, y=1))
-        client.close()
         # What the agent can write while it runs: its workspace. No screenshot is there.
         screens = workspace / ".openforge" / "screens"
         assert not screens.exists()
@@ -201,14 +207,8 @@ def test_judged_screenshots_are_out_of_the_agents_reach_until_it_is_gone(
 def test_a_file_where_the_screenshots_go_does_not_stop_the_final_state(
         tmp_path: Path, planted: str) -> None:
     workspace = tmp_path / "workspace"
-    workspace.mkdir()
-    env = CanvasEnvironment()
-    [task] = env.tasks()
-    env.prepare(task, workspace)
+    env, task = clicked_canvas(workspace, clicks=1)
     try:
-        client = ComputerClient.from_workspace(workspace)
-        client.act(Click(x=1, y=1))
-        client.close()
         if planted == ".openforge":
             (workspace / ".openforge" / "computer.json").unlink()
             (workspace / ".openforge").rmdir()
