@@ -104,6 +104,13 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
         {"match": "loop forever", "replies": [
             {"tool_calls": [{"name": "shell", "arguments": {"command": "echo again"}}]}]},
         {"match": "engine down", "replies": [{"error": "engine exploded", "status": 503}]},
+        {"match": "kill your harness", "replies": [
+            {"tool_calls": [{"name": "shell", "arguments": {"command": "kill -9 $PPID"}}]}]},
+        {"match": "stall", "replies": [
+            {"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 25"}}]}]},
+        {"match": "engine fails later", "replies": [
+            {"tool_calls": [{"name": "shell", "arguments": {"command": "echo hi"}}]},
+            {"error": "engine exploded", "status": 503}]},
         {"replies": [
             {"tool_calls": [{"name": "write_file", "arguments": {"path": "ok.txt", "content": "ok"}}]},
             {"content": "Wrote it.\nDone: ok.txt"}]},
@@ -117,13 +124,15 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
 
 
 async def _mini(gateway: Gateway, tmp_path: Path, prompt: str, name: str,
-                reward: str = "checker", mode: str = "none") -> RolloutResult:
+                reward: str = "checker", mode: str = "none",
+                timeout_s: float = 60) -> RolloutResult:
     session = gateway.open_session("run", name, "only")
     spec = RolloutSpec(run_id="run", rollout_id=name, task=Task(id="only", prompt=prompt),
                        harness="mini", harness_options={"max_steps": 3},
                        environment="executor_plugins:OneTaskEnv", reward=reward,
                        gateway_url=gateway.url, session_token=session.token,
-                       session_id=session.id, scoring_token=session.scoring_token, timeout_s=60)
+                       session_id=session.id, scoring_token=session.scoring_token,
+                       timeout_s=timeout_s)
     root = tmp_path / name
     root.mkdir()
     # In a thread: the gateway serves the harness from this very event loop.
@@ -151,6 +160,35 @@ async def test_mini_step_limit_is_a_scored_harness_error(gateway: Gateway, tmp_p
 async def test_mini_with_engine_down_is_an_infra_failure(gateway: Gateway, tmp_path: Path) -> None:
     result = await _mini(gateway, tmp_path, "engine down", "down")
     assert result.status == "infra_error" and result.reward is None
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+async def test_an_agent_that_kills_its_own_harness_is_scored(
+        gateway: Gateway, tmp_path: Path, mode: str) -> None:
+    # The harness dies by a signal, which alone would read as an infrastructure failure
+    # (retried, never scored): a policy about to fail would learn to drop its 0 that way.
+    result = await _mini(gateway, tmp_path, "kill your harness", "killer", mode=mode)
+    assert result.status == "harness_error" and not result.is_retried
+    assert result.reward is not None and result.reward.score == 0.0
+    assert "code -9" in (result.error or "")
+    assert "crashed after the model answered 1 call(s)" in (result.error or "")
+
+
+async def test_an_agent_that_stalls_until_its_time_is_up_is_scored(
+        gateway: Gateway, tmp_path: Path) -> None:
+    result = await _mini(gateway, tmp_path, "stall", "staller", timeout_s=10)
+    assert result.status == "harness_error" and not result.is_retried, result.error
+    assert result.reward is not None and result.reward.score == 0.0
+    assert "ran out of time after the model answered 1 call(s)" in (result.error or "")
+    assert result.harness_output["status"] == "timeout"  # the harness's own account stays
+
+
+async def test_a_crash_on_a_failed_engine_call_stays_an_infra_failure(
+        gateway: Gateway, tmp_path: Path) -> None:
+    # The model answered once, then the engine failed the call the harness waited on.
+    result = await _mini(gateway, tmp_path, "engine fails later", "later")
+    assert result.status == "infra_error" and result.is_retried and result.reward is None
+    assert "scored" not in (result.error or "")
 
 
 async def test_a_reward_that_wants_calls_gets_its_own_sessions_trajectory(

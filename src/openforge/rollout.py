@@ -41,7 +41,9 @@ Statuses (`openforge.types`): the harness completed -> `ok`; failed on its own -
 `harness_error`; the task's data changed under the agent, or the agent's output holds a
 result line ("forged result line") -> `violation` (scored 0, not scored by the reward); the
 sandbox, the supervisor, the harness program or the engine failed, or a plugin could not be
-found or imported -> `infra_error`; out of time -> `timeout`; environment, harness-adapter
+found or imported -> `infra_error`; out of time -> `timeout`; but a harness that crashed or
+ran out of time after the model answered it, with no engine failure to blame, ended by the
+agent's own doing -> `harness_error`, scored (`openforge.attribution`); environment, harness-adapter
 or reward code raised -> `plugin_error` (not scored, not retried: a bug to fix), with an
 error that names the plugin, the stage and the method: "reward 'checker' raised
 ZeroDivisionError: ... while scoring (score)".
@@ -63,6 +65,7 @@ from pkgutil import resolve_name
 from typing import Any
 
 from openforge import plugins
+from openforge.attribution import agents_own_end
 from openforge.environment import Environment
 from openforge.errors import RolloutInfraError
 from openforge.executors.process import (
@@ -340,6 +343,17 @@ class Supervisor:
         output: HarnessOutput = self._call("harness", "parsing the harness output (parse_output)",
                                            harness.parse_output, ctx, proc)
         status = _STATUS[output.status]
+        recorded: list[Call] | None = None
+        if output.status in ("crashed", "timeout") and spec.scoring_token and spec.session_id:
+            # The agent can crash its harness or stall it at will: the gateway's record says
+            # whether the infrastructure could be at fault (`openforge.attribution`).
+            self.stage = "fetching the recorded calls"
+            recorded = fetch_calls(spec)
+            own = agents_own_end(output.status, recorded)
+            if own is not None:
+                status = "harness_error"
+                output = output.model_copy(update={
+                    "error": f"{output.error or 'harness ' + output.status}; {own}"})
         harness_output = output.model_dump(mode="json")
         harness_output.update(returncode=proc.returncode, stderr_tail=proc.stderr[-2000:],
                               ended_processes=exit_.ended, removed_files=removed[:20],
@@ -369,7 +383,8 @@ class Supervisor:
             # for rewards that grade a transcript in the harness's format.
             final_state.setdefault("harness_transcript", output.transcript)
             self.stage = "fetching the recorded calls"
-            calls = fetch_calls(spec) if reward.wants_calls else None
+            calls = (recorded if recorded is not None else fetch_calls(spec)) \
+                if reward.wants_calls else None
             verdict = self._call("reward", "scoring (score)", reward.score, spec.task,
                                  environment, workspace, final_state, calls)
         removed += checks.removed
