@@ -278,6 +278,36 @@ def test_checks_see_a_workspace_beside_the_agents_folder(tmp_path: Path, mode: s
 
 
 @pytest.mark.parametrize("mode", ISOLATING_MODES)
+def test_a_hidden_folder_inside_a_mapped_one_is_empty_in_the_sandbox(
+        tmp_path: Path, mode: str) -> None:
+    """A plugin's answer keys ship inside its installed package, which the view maps with
+    the Python paths: a hidden folder (`Environment.hidden_paths`) is empty in the sandbox
+    (read-only), the rest of the package stays readable, and a link the agent leaves into
+    it is scrubbed."""
+    from openforge.sandbox import verifier
+
+    package = tmp_path / "site-packages" / "plugin"
+    (package / "tasks" / "t1").mkdir(parents=True)
+    (package / "tasks" / "t1" / "task.yaml").write_text("expected: 42\n")
+    (package / "code.py").write_text("x = 1\n")
+    agent, work = tmp_path / "agent", tmp_path / "work"
+    for folder in (agent / "home", agent / "workspace", work):
+        folder.mkdir(parents=True)
+    view = build_view(agent, workspace=agent / "workspace", data=[package.parent],
+                      hidden=[package / "tasks"])
+    assert view.hidden == [str((package / "tasks").resolve())]
+    env = {"PATH": os.environ["PATH"], "HOME": str(agent / "home")}
+    probe = (f"cat {package}/code.py; ls -A {package}/tasks; cat {package}/tasks/t1/task.yaml; "
+             f"touch {package}/tasks/new 2>/dev/null || echo read-only")
+    with verifier.active(mode, view, agent, work, env):
+        seen = verifier.run(["/bin/sh", "-c", probe], cwd=agent / "workspace", timeout_s=60)
+    assert seen.stdout.splitlines() == ["x = 1", "read-only"], (seen.stdout, seen.stderr)
+    (agent / "workspace" / "answer.txt").symlink_to(package / "tasks" / "t1" / "task.yaml")
+    assert [r.split(" -> ")[0] for r in scrub_agent(agent, view)] == [
+        str(agent / "workspace" / "answer.txt")]
+
+
+@pytest.mark.parametrize("mode", ISOLATING_MODES)
 def test_an_ended_sandbox_keeps_its_namespace_number_while_it_is_swept(
         tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """After the harness ends, the sandbox's PID namespace is swept for leftovers by its

@@ -49,6 +49,16 @@ class Environment(Plugin, ABC):
         """
         return []
 
+    def hidden_paths(self, task: Task) -> list[Path]:
+        """Folders the agent must not read although a folder the sandbox maps holds them:
+        answer keys (a task's expected results, scripted solutions) that the plugin ships
+        inside its installed package, which the isolating sandboxes map read-only with the
+        Python paths. Each is overmounted with an empty read-only folder in the agent's
+        sandbox (and in the sandboxes that run its code while scoring), and a link the agent
+        leaves into one is removed before scoring. Default: none.
+        """
+        return []
+
     def final_state(self, task: Task, workspace: Path) -> dict[str, Any]:
         """Capture what rewards read once the harness has ended (default: nothing)."""
         return {}

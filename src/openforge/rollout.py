@@ -293,6 +293,8 @@ class Supervisor:
                              harness.command, ctx)
         data = [Path(p) for p in self._call("environment", "listing the task's data (data_paths)",
                                             environment.data_paths, spec.task)]
+        hidden = self._call("environment", "listing the task's hidden folders (hidden_paths)",
+                            environment.hidden_paths, spec.task)
         programs = self._call("harness", "listing the harness's program paths (program_paths)",
                               harness.program_paths)
         before = tamper.digest(data) if not self.isolating else {}
@@ -301,7 +303,7 @@ class Supervisor:
         # Without isolation the view is not mounted, but it still says what the agent was
         # meant to see: links out of it are removed before the trusted side reads anything.
         view = build_view(dirs["AGENT"], workspace=workspace, programs=programs, data=data,
-                          protected=self.protected)
+                          protected=self.protected, hidden=hidden)
         if self.launch is None and self.isolating:
             for dropped in view.dropped:
                 print(f"openforge.rollout: not mapped into the sandbox: {dropped}", file=sys.stderr)

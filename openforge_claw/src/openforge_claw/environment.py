@@ -57,9 +57,11 @@ from openforge_claw.tasks import (
     SERVICES_FILE,
     ClawTask,
     SkippedTask,
+    builtin_root,
     builtin_tasks,
     load_tasks,
     report_skipped,
+    solutions_root,
 )
 
 ENV_NAME = "claw"
@@ -214,11 +216,15 @@ class ClawEnvironment(Environment):
             if ct.claw_eval else []
 
     def data_paths(self, task: Task) -> list[Path]:
-        """The read-only data `prepare` and the graders read outside the workspace, mapped
-        into the agent's sandbox: the task's folder; a missing one is an error naming it.
+        """The read-only data the agent may see outside the workspace: exactly what `prepare`
+        copies into it (the task's `fixtures/` and its listed data files); a missing one is
+        an error naming it.
 
-        For a QwenClawBench task exactly its asset files: the rest of `assets/<id>/` may
-        hold answer keys and data generators.
+        Never the task's folder itself: its `task.yaml` holds the grader's expected answers
+        and a `grader.py` its code, and the graders read them on the trusted side. For a
+        QwenClawBench task that leaves out the rest of `assets/<id>/`, which may hold answer
+        keys and data generators. (The built-in tasks ship inside this package, whose task
+        folders no sandbox shows at all: `hidden_paths`.)
 
         None for a Claw-Eval task: its reward reads the checkout (the grader, its grader-only
         files such as verify scripts with the answers, `claw_eval` itself), and showing the
@@ -229,15 +235,21 @@ class ClawEnvironment(Environment):
         if ct.claw_eval is not None:
             return []
         root = Path(ct.root) if ct.root else None
-        if ct.format != "qwenclawbench":
-            if root is not None and not root.is_dir():
-                raise OpenforgeError(f"task {ct.id}: its folder {root} is missing")
-            return [root] if root is not None else []
-        paths = [(root or Path(".")) / wf.source for wf in ct.workspace_files]
-        for path in paths:
+        if ct.format != "qwenclawbench" and root is not None and not root.is_dir():
+            raise OpenforgeError(f"task {ct.id}: its folder {root} is missing")
+        fixtures = [root / ct.fixtures] if root is not None and (root / ct.fixtures).is_dir() \
+            else []
+        listed = [(root or Path(".")) / wf.source for wf in ct.workspace_files]
+        for path in listed:
             if not path.exists():
                 raise OpenforgeError(f"task {ct.id}: data file {path} is missing")
-        return paths
+        return [*fixtures, *listed]
+
+    def hidden_paths(self, task: Task) -> list[Path]:
+        """The built-in tasks' folders (their graders' expected answers) and the scripted
+        solutions: they ship inside this package, which the sandbox maps with the Python
+        paths, so its view empties them whatever the task."""
+        return [builtin_root(), solutions_root()]
 
     def final_state(self, task: Task, workspace: Path) -> dict[str, Any]:
         files: dict[str, Any] = {}

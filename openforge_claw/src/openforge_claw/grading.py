@@ -24,12 +24,12 @@ import importlib.util
 import inspect
 import json
 import re
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from openforge.sandbox import verifier
 from openforge.types import Call, RewardResult
 
 from openforge_claw.tasks import Check, ClawTask
@@ -206,10 +206,13 @@ def request_made(ctx: GradeContext, p: dict[str, Any]) -> Result:
 
 
 def request_not_made(ctx: GradeContext, p: dict[str, Any]) -> Result:
+    """No such request in the audit log; a log that dropped requests (the agent flooded
+    the service: `services.base`) cannot show that, and fails."""
     method = str(p.get("method", "")).upper()
-    return _b(not any((not method or e["method"] == method)
-                      and e["path"].startswith(p.get("path_prefix", "/"))
-                      for e in ctx.service(p["service"]).get("log") or []))
+    service = ctx.service(p["service"])
+    return _b(not service.get("dropped") and not any(
+        (not method or e["method"] == method) and e["path"].startswith(p.get("path_prefix", "/"))
+        for e in service.get("log") or []))
 
 
 def last_request_ok(ctx: GradeContext, p: dict[str, Any]) -> Result:
@@ -218,16 +221,17 @@ def last_request_ok(ctx: GradeContext, p: dict[str, Any]) -> Result:
 
 
 def command_succeeds(ctx: GradeContext, p: dict[str, Any]) -> Result:
-    """Run a command in the final workspace (e.g. the task's tests); optional expected stdout."""
-    try:
-        proc = subprocess.run(["/bin/sh", "-c", p["command"]], cwd=ctx.workspace, text=True,
-                              capture_output=True, timeout=_COMMAND_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
+    """Run a command in the final workspace (e.g. the task's tests); optional expected stdout.
+
+    The command runs what the agent wrote (its script, its tests, its archive), so it runs
+    through `openforge.sandbox.verifier`: in a rollout, in a fresh sandbox of the attempt
+    (the agent's view, its own PID namespace), never as a child of the trusted supervisor.
+    One that cannot start, fails or runs out of time scores 0."""
+    done = verifier.run(["/bin/sh", "-c", p["command"]], cwd=ctx.workspace,
+                        timeout_s=_COMMAND_TIMEOUT_S)
+    if done.timed_out or done.returncode != 0:
         return 0.0
-    if proc.returncode != 0:
-        return 0.0
-    return _b("stdout" not in p or proc.stdout.strip() == str(p["stdout"]).strip())
+    return _b("stdout" not in p or done.stdout.strip() == str(p["stdout"]).strip())
 
 
 def tool_called(ctx: GradeContext, p: dict[str, Any]) -> Result:
@@ -247,6 +251,11 @@ def python_check(ctx: GradeContext, p: dict[str, Any]) -> Result:
     final_state, services, final_answer, transcript, calls, task. A dict result's numbers
     are averaged (QwenClawBench's per-criterion dict); `completion` / `robustness` /
     `safety` keys, when present, set those dimensions (Claw-Eval's grader.py).
+
+    The grader is the task's own code (its folder, which no sandbox shows the agent) and
+    runs here, on the trusted side; it reads the workspace as data. A grader that runs or
+    imports what the agent wrote must do that through `openforge.sandbox.verifier.run`, as
+    `command_succeeds` does.
     """
     func = _load_function(ctx, p)
     available = {"workspace": ctx.workspace, "workspace_path": str(ctx.workspace),

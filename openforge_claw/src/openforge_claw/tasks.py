@@ -261,6 +261,11 @@ def builtin_root() -> Path:
     return Path(str(resources.files("openforge_claw").joinpath("tasks")))
 
 
+def solutions_root() -> Path:
+    """The scripted solutions shipped with the package (the right answers, per harness)."""
+    return Path(str(resources.files("openforge_claw").joinpath("solutions")))
+
+
 def builtin_tasks() -> TaskList:
     """The built-in task set shipped with the package."""
     return load_tasks(builtin_root(), "claw")

@@ -29,6 +29,8 @@ def view_options(view: View, *, proc: bool = True) -> list[str]:
         argv += ["--tmpfs", path]
     for bind in view.binds:
         argv += ["--bind" if bind.rw else "--ro-bind", bind.src, bind.dst]
+    for path in view.hidden:  # after the binds: over the folder a read-only bind shows
+        argv += ["--tmpfs", path, "--remount-ro", path]
     for target, path in view.symlinks:
         argv += ["--symlink", target, path]
     for path in view.masks:

@@ -189,6 +189,9 @@ def build_root(view: dict[str, Any], base: str) -> None:
         _mount("tmpfs", new + path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
     for bind in view["binds"]:
         _bind(old + bind["src"], new + bind["dst"], bind["rw"], new + "/proc")
+    for path in view["hidden"]:  # after the binds: over the folder a read-only bind shows
+        _mount("tmpfs", new + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+               "mode=0755")
     for target, path in view["symlinks"]:
         _mkdirs(os.path.dirname(new + path))
         os.symlink(target, new + path)

@@ -75,7 +75,8 @@ def scrub_agent(agent_dir: Path, view: View) -> list[str]:
     if not _inside(workspace, folders):
         folders.append(workspace)
     visible = [*view.sources(), *folders]
-    return [why for folder in folders for why in scrub(Path(folder), visible, view.masks)]
+    masked = [*view.masks, *view.hidden]
+    return [why for folder in folders for why in scrub(Path(folder), visible, masked)]
 
 
 def tally(removed: list[str]) -> dict[str, int]:

@@ -9,6 +9,9 @@ The view is built from scratch (an empty root), never from `/` with holes punche
 - the harness's program paths (`Harness.program_paths`) and the task's data
   (`Environment.data_paths`), read-only;
 - the rollout's `agent/` directory (workspace, the agent's HOME, its tmp), read-write;
+- the environment's hidden folders (`Environment.hidden_paths`: answer keys shipped inside
+  its installed package, which the Python paths would map) overmounted with an empty
+  read-only tmpfs;
 - a private `/tmp`, `/dev/shm`, a minimal `/dev` and the `/proc` of its own PID namespace.
 
 Never mapped: any path that would expose a protected one (the real HOME, the folder holding
@@ -48,6 +51,8 @@ class View:
     binds: list[Bind] = field(default_factory=list)
     symlinks: list[tuple[str, str]] = field(default_factory=list)  # (target, path)
     masks: list[str] = field(default_factory=list)  # files overmounted with /dev/null
+    # Folders inside a mapped one, overmounted with an empty read-only tmpfs after the binds.
+    hidden: list[str] = field(default_factory=list)
     tmpfs: list[str] = field(default_factory=lambda: ["/tmp", "/dev/shm"])
     cwd: str = "/"
     dropped: list[str] = field(default_factory=list)  # candidates refused (for the log)
@@ -59,7 +64,8 @@ class View:
     def from_json(cls, data: dict[str, Any]) -> View:
         return cls(binds=[Bind(**b) for b in data["binds"]],
                    symlinks=[(t, p) for t, p in data["symlinks"]], masks=list(data["masks"]),
-                   tmpfs=list(data["tmpfs"]), cwd=data["cwd"], dropped=list(data["dropped"]))
+                   hidden=list(data["hidden"]), tmpfs=list(data["tmpfs"]), cwd=data["cwd"],
+                   dropped=list(data["dropped"]))
 
     def sources(self) -> list[str]:
         return [b.src for b in self.binds]
@@ -97,7 +103,8 @@ def unmapped(view: View, paths: Iterable[str]) -> list[str]:
 
 
 def build_view(agent_dir: Path, *, workspace: Path, programs: Iterable[Path | str] = (),
-               data: Iterable[Path | str] = (), protected: Iterable[Path | str] = ()) -> View:
+               data: Iterable[Path | str] = (), protected: Iterable[Path | str] = (),
+               hidden: Iterable[Path | str] = ()) -> View:
     """The allowlisted view for one rollout (see the module docstring)."""
     view = View(cwd=str(workspace))
     guarded = [os.path.realpath(p) for p in protected]
@@ -138,4 +145,10 @@ def build_view(agent_dir: Path, *, workspace: Path, programs: Iterable[Path | st
     if not _inside(ws, agent) and exposes(ws) is None:
         view.binds.append(Bind(ws, ws, rw=True))
     view.masks = [m for m in MASKED if os.path.exists(m)]
+    # Only what a read-only bind would show needs hiding (a data path inside a hidden
+    # folder stays hidden with it: the environment copies what the agent needs into the
+    # workspace).
+    hidden_real = {os.path.realpath(h) for h in hidden}
+    view.hidden = sorted(h for h in hidden_real if os.path.isdir(h) and not _inside(h, agent)
+                         and any(_inside(h, b.src) for b in view.binds if not b.rw))
     return view

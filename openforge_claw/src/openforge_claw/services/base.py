@@ -2,7 +2,8 @@
 
 Each service holds its state as plain JSON (collections of records with an `id`), serves
 the generic routes below plus its own actions, and records every request it answers in an
-audit log. The grader reads both, state and log, from the environment's final state.
+audit log (bounded: see `_MAX_LOG_ENTRIES`). The grader reads both, state and log, from the
+environment's final state.
 
 Generic routes (any collection named in the state)::
 
@@ -28,7 +29,12 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 _MAX_BODY = 1_000_000
-_MAX_LOG = 500
+# The audit log keeps the first requests with their bodies, later ones without (a body can
+# be a megabyte), and past `_MAX_LOG_ENTRIES` only counts them (`dropped`), keeping the
+# latest as the last entry: checks that need every request (`request_not_made`) fail on a
+# log with drops, so flooding a service cannot hide a request from the grader.
+_MAX_LOG_BODIES = 500
+_MAX_LOG_ENTRIES = 20_000
 
 
 class ServiceError(Exception):
@@ -50,6 +56,7 @@ class MockService:
         state.update(copy.deepcopy(seed or {}))
         self.state: dict[str, Any] = state
         self.log: list[dict[str, Any]] = []
+        self.dropped = 0  # requests answered but not kept in the log
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -90,7 +97,8 @@ class MockService:
         """The final state the grader reads: the data and the audit log."""
         with self._lock:
             return {"url": self.url if self._server else None,
-                    "state": copy.deepcopy(self.state), "log": list(self.log)}
+                    "state": copy.deepcopy(self.state), "log": list(self.log),
+                    "dropped": self.dropped}
 
     # -- requests --------------------------------------------------------------------------
 
@@ -104,10 +112,18 @@ class MockService:
                     method, parts, query, body)
             except ServiceError as exc:
                 status, data = exc.status, {"error": str(exc)}
-            if len(self.log) < _MAX_LOG:
-                self.log.append({"method": method, "path": path, "query": query,
-                                 "body": body, "status": status})
+            self._log({"method": method, "path": path, "query": query, "status": status},
+                      body)
         return status, data
+
+    def _log(self, entry: dict[str, Any], body: Any) -> None:
+        if len(self.log) < _MAX_LOG_BODIES:
+            entry["body"] = body
+        if len(self.log) < _MAX_LOG_ENTRIES:
+            self.log.append(entry)
+        else:
+            self.dropped += 1
+            self.log[-1] = entry
 
     def action(self, method: str, parts: list[str], query: dict[str, str], body: Any,
                headers: dict[str, str]) -> Any:
