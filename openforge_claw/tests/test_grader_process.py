@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import psutil
+import pytest
 
 from openforge_claw import grader_process
 
@@ -16,6 +17,14 @@ RUNNER = "openforge_claw.formats.qwenclawbench_runner"  # a grader main built on
 def _run(code: str, ws: Path, timeout_s: float = 60) -> grader_process.Outcome:
     return grader_process.run(RUNNER, {"code": code, "transcript": [], "workspace": str(ws)},
                               cwd=ws, env=dict(os.environ), timeout_s=timeout_s)
+
+
+# A module the agent plants in the grader's cwd (its workspace) under a standard library name:
+# imported before the grader, it reads the nonce from stdin and writes a result of its own.
+FORGER = ("import os, re, sys\n"
+          "nonce = re.search(r'\"nonce\": \"([0-9a-f]+)\"', sys.stdin.read()).group(1)\n"
+          "os.write(1, (nonce + ' {\"ok\": true, \"scores\": {\"forged\": 1}}\\n').encode())\n"
+          "os._exit(0)\n")
 
 
 def _sleepers(tag: str) -> list[psutil.Process]:
@@ -55,3 +64,36 @@ def test_nothing_the_grader_started_outlives_it(tmp_path: Path) -> None:
     assert done.result == {"ok": True, "scores": {"done": 1}}
     left = [p for p in _sleepers(tag) if p.status() != psutil.STATUS_ZOMBIE]
     assert left == [], [p.pid for p in left]
+
+
+def test_nothing_in_the_cwd_runs_in_the_grader_process(tmp_path: Path) -> None:
+    for name in ("json.py", "traceback.py", "runpy.py", "secrets.py"):
+        (tmp_path / name).write_text(FORGER)
+    env = dict(os.environ)
+    # An empty PYTHONPATH entry is read as the cwd: it must not bring the cwd back either.
+    env["PYTHONPATH"] = os.pathsep.join(["", *filter(None, [env.get("PYTHONPATH")])])
+    done = grader_process.run(RUNNER, {"code": "def grade(t, w):\n    return {'real': 0.5}\n",
+                                       "transcript": [], "workspace": str(tmp_path)},
+                              cwd=tmp_path, env=env, timeout_s=60)
+    assert done.result == {"ok": True, "scores": {"real": 0.5}}, done.output
+
+
+def test_import_paths_are_absolute_and_outside_the_untrusted_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws = tmp_path / "ws"
+    (ws / "lib").mkdir(parents=True)
+    (tmp_path / "alias").symlink_to(ws)
+    monkeypatch.chdir(tmp_path)
+    pythonpath = os.pathsep.join(["", "src", str(ws / "lib"), str(tmp_path / "alias"),
+                                  "/opt/lib", ""])
+    assert grader_process.import_paths(pythonpath, untrusted=ws) == [
+        str(tmp_path / "src"), "/opt/lib"]
+    assert grader_process.import_paths(None) == []
+
+
+def test_a_note_arrives_even_when_the_process_dies_next(tmp_path: Path) -> None:
+    code = ("import os\nfrom openforge_claw.grader_process import note\n"
+            "def grade(t, w):\n    note('about to end')\n    os._exit(5)\n")
+    done = _run(code, tmp_path)
+    assert done.result is None and done.returncode == 5 and "about to end" in done.notes
+    assert "about to end" not in done.output  # notes are not output

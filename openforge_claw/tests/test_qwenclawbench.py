@@ -28,6 +28,15 @@ from openforge_claw.tasks import UNREADABLE, TaskLoadError, load_tasks
 
 DATA = Path(__file__).parent / "fixtures" / "qwenclawbench"
 
+# Planted by the agent in its workspace under a standard library module's name: imported
+# first thing by a grader process whose sys.path starts with its cwd, it reads the job (with
+# the nonce) from stdin and writes a perfect result before the grader runs.
+FORGER = ("import os, re, sys\n"
+          "nonce = re.search(r'\"nonce\": \"([0-9a-f]+)\"', sys.stdin.read()).group(1)\n"
+          "os.write(1, (nonce + ' {\"ok\": true, \"scores\": {\"file_exists\": 1.0}}\\n')"
+          ".encode())\n"
+          "os._exit(0)\n")
+
 
 def _judge_options(server: JudgeStandIn, **extra: Any) -> dict[str, Any]:
     return {"judge_base_url": server.url, "judge_model": "judge-1", **extra}
@@ -259,6 +268,7 @@ def test_a_bubblewrap_that_cannot_sandbox_here_falls_back_to_a_process(
         assert check_sandbox.usable_bwrap() is None
         ws = tmp_path / "ws"
         ws.mkdir()
+        (ws / "json.py").write_text(FORGER)  # nor does the workspace shadow a module there
         assert qg.run_grader("def grade(t, w):\n    return {'ok': 1}\n", [], ws, 60) == {
             "ok": True, "scores": {"ok": 1}}
     finally:
@@ -273,6 +283,120 @@ def test_a_grader_that_cannot_run_here_is_an_infra_error(tmp_path: Path) -> None
     ws = _prepared(env, task, tmp_path / "ws")
     with pytest.raises(GraderError, match="needs the Python module 'no_such_module_here'"):
         env.check(task, ws, env.final_state(task, ws))
+
+
+# -- what the agent can do to its grader -----------------------------------------------------
+
+def _grader_prepended(task: Task, code: str) -> None:
+    spec = task.data["claw"]["qwenclawbench"]
+    spec["code"] = code + spec["code"]
+
+
+def test_a_workspace_module_cannot_shadow_what_the_grader_imports(tmp_path: Path) -> None:
+    env = _env()
+    task = _task(env, "task_00001_sum")
+    ws = _prepared(env, task, tmp_path / "ws")
+    for name in ("traceback.py", "json.py", "runpy.py"):
+        (ws / name).write_text(FORGER)
+    state = env.final_state(task, ws)
+    state["final_answer"] = "Done."
+    verdict = env.check(task, ws, state)
+    # The idle agent's 1 of 5, as without the planted files: the forged 1.0 was never read.
+    assert verdict.score == pytest.approx(0.2), verdict.details
+    assert "grader_error" not in verdict.details
+
+
+def test_a_module_the_grader_looks_for_in_the_workspace_is_the_agents_to_write(
+        tmp_path: Path) -> None:
+    env = _env()
+    task = _task(env, "task_00001_sum")
+    _grader_prepended(task, "import sys\n"
+                                 "def _solution(w):\n"
+                                 "    sys.path.insert(0, w)\n"
+                                 "    import solution\n"
+                                 "    return solution.ANSWER\n")
+    spec = task.data["claw"]["qwenclawbench"]
+    spec["code"] = spec["code"].replace('path = os.path.join(workspace_path, "sum.txt")',
+                                        '_solution(workspace_path)\n'
+                                        '    path = os.path.join(workspace_path, "sum.txt")')
+    ws = _prepared(env, task, tmp_path / "missing")
+    # Not writing solution.py is the agent's failure: a 0 with the reason, not an error.
+    verdict = env.check(task, ws, env.final_state(task, ws))
+    assert verdict.score == 0.0 and not verdict.passed
+    assert verdict.details["grader_error"].startswith("workspace_import: ")
+    assert "'solution'" in verdict.details["grader_error"]
+    ws = _prepared(env, task, tmp_path / "written")
+    (ws / "solution.py").write_text("ANSWER = 60\n")
+    (ws / "sum.txt").write_text("60\n")
+    verdict = env.check(task, ws, env.final_state(task, ws))
+    assert verdict.details["automated_breakdown"]["correct"] == 1.0, verdict.details
+
+
+def test_a_grader_process_the_agents_code_ends_scores_0(tmp_path: Path) -> None:
+    """Agent code that ends the grader's process (os._exit in the module grade() imports, a
+    script it runs that kills its parent) leaves no result: a 0 with the reason, never an
+    error that leaves the rollout unscored."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "solution.py").write_text("import os\nos._exit(1)\n")
+    (ws / "run.py").write_text("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n")
+    importing = ("def grade(t, w):\n    import sys\n    sys.path.insert(0, w)\n"
+                 "    import solution\n    return {'a': 1.0}\n")
+    result = qg.run_grader(importing, [], ws, 60)
+    assert result["kind"] == "died" and "ran workspace code" in result["error"], result
+    assert str(ws / "solution.py") in result["error"]
+    running = ("def grade(t, w):\n    import subprocess, sys\n"
+               "    subprocess.run([sys.executable, 'run.py'], cwd=w)\n    return {'a': 1.0}\n")
+    result = qg.run_grader(running, [], ws, 60)
+    assert result["kind"] == "died" and "started a program" in result["error"], result
+    score, criteria, error = qg.automated(
+        qg.QwenClawBenchGrading(grading_type="automated", code=running), [], ws, 60)
+    assert (score, criteria) == (0.0, {}) and error and error.startswith("died: ")
+    # A workspace the agent closed to everyone (the grader cannot even start in it): a 0 too.
+    ws.chmod(0)
+    try:
+        result = qg.run_grader(running, [], ws, 60)
+    finally:
+        ws.chmod(0o755)
+    assert result["kind"] == "exception" and "closed to the grader" in result["error"]
+    # A grader whose process ends before it touched anything of the agent's failed on its own.
+    with pytest.raises(GraderError, match="before it touched anything of the agent's"):
+        qg.run_grader("import os\nos._exit(3)\ndef grade(t, w):\n    return {}\n", [], ws, 60)
+
+
+def test_a_program_the_grader_runs_cannot_read_the_nonce_from_its_memory(
+        tmp_path: Path) -> None:
+    """An agent script run by grade() (as the benchmark's graders run them) finds the job in
+    its parent's memory, writes a result with the nonce on its parent's stdout and kills it:
+    the grader process is not dumpable, so /proc/PARENT/mem and fd are closed to it."""
+    if check_sandbox.usable_bwrap() is None:
+        pytest.skip("bubblewrap is not installed: outside it the grader keeps this process's "
+                    "capabilities (root's CAP_SYS_PTRACE opens /proc whatever the flag)")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "forge.py").write_text(
+        "import os, re, signal\n"
+        "pid = os.getppid()\n"
+        "mem = open(f'/proc/{pid}/mem', 'rb')\n"
+        "for line in open(f'/proc/{pid}/maps'):\n"
+        "    start, end = (int(x, 16) for x in line.split()[0].split('-'))\n"
+        "    if 'rw' not in line.split()[1]:\n"
+        "        continue\n"
+        "    try:\n"
+        "        mem.seek(start)\n"
+        "        found = re.search(rb'\"nonce\": \"([0-9a-f]{32})\"', mem.read(end - start))\n"
+        "    except (OSError, ValueError, OverflowError):\n"
+        "        continue\n"
+        "    if found:\n"
+        "        with open(f'/proc/{pid}/fd/1', 'wb') as out:\n"
+        "            out.write(found.group(1) + b' {\"ok\": true, \"scores\": {\"f\": 1.0}}\\n')\n"
+        "        os.kill(pid, signal.SIGKILL)\n")
+    code = ("def grade(t, w):\n    import subprocess, sys\n"
+            "    done = subprocess.run([sys.executable, 'forge.py'], cwd=w, capture_output=True,"
+            " text=True)\n"
+            "    return {'real': 0.0, 'forge_failed': done.returncode != 0}\n")
+    assert qg.run_grader(code, [], ws, 60) == {
+        "ok": True, "scores": {"real": 0.0, "forge_failed": True}}
 
 
 # -- transcripts -----------------------------------------------------------------------------

@@ -17,9 +17,12 @@
 Without a judge, the judge-dependent tasks cannot be scored the benchmark's way: the
 environment lists and skips them (`unscorable`, `tasks.report_skipped`) unless
 `environment_options.scoring` is `automated`, which scores every task by its automated
-checks alone (labelled so in the details). A grader that raises scores 0 (as in the benchmark) with the error in the
-details; a grader that cannot run here at all (its own import fails) or a judge that
-fails is an infrastructure error, never a 0.
+checks alone (labelled so in the details). A grader that raises scores 0 (as in the
+benchmark) with the error in the details, and so does every other failure the agent can
+cause (`automated`, `_result`); a grader that cannot run here through no doing of the
+agent (a module its Python lacks, a process that dies before it touched anything of the
+agent's: `GraderError`) or a judge that fails (`JudgeError`) is a `plugin_error`, never a
+0.
 
 The transcript: OpenClaw's own session events when the harness was OpenClaw and they
 agree with the recorded calls (what the policy said and called, turn by turn), else the
@@ -32,6 +35,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
@@ -110,10 +114,16 @@ def run_grader(code: str, events: list[dict[str, Any]], workspace: Path,
     fresh sandbox of the attempt (`openforge.sandbox.verifier`, a plain process only where
     the attempt itself had no isolation, or outside a rollout)."""
     workspace = workspace.resolve()
+    closed = _closed_to_us(workspace)
+    if closed:
+        # The grader could not even start in it (bwrap's chdir fails): the agent's doing,
+        # scored 0 as the benchmark's grader, failing to read it, would be.
+        return {"ok": False, "kind": "exception", "error": closed}
     job = {"code": code, "transcript": events, "workspace": str(workspace)}
     bwrap = check_sandbox.usable_bwrap()
     if bwrap is None:
-        done = grader_process.run_verified(QCB_RUNNER, job, cwd=workspace, timeout_s=timeout_s)
+        done = grader_process.run_verified(QCB_RUNNER, job, cwd=workspace, timeout_s=timeout_s,
+                                           untrusted=workspace)
     else:
         home = Path(tempfile.mkdtemp(prefix="openforge-qcb-grader-"))
         env = scrub_env(dict(os.environ))
@@ -121,16 +131,53 @@ def run_grader(code: str, events: list[dict[str, Any]], workspace: Path,
         try:
             done = grader_process.run(
                 QCB_RUNNER, job, cwd=workspace, env=env, timeout_s=timeout_s,
-                wrap=[bwrap, *check_sandbox.prefix(workspace, writable=[home])])
+                wrap=[bwrap, *check_sandbox.prefix(workspace, writable=[home])],
+                untrusted=workspace)
         finally:
             shutil.rmtree(home, ignore_errors=True)
+    return _result(done, timeout_s)
+
+
+def _closed_to_us(workspace: Path) -> str | None:
+    """Why the grader, run as this user without capabilities, cannot enter `workspace` (the
+    agent can chmod its own workspace), or None. By the mode bits that apply to this user,
+    not `os.access`: as root that says yes whatever the bits, and the grader's sandbox
+    drops root's power to ignore them."""
+    try:
+        st = workspace.stat()
+    except OSError as exc:
+        return f"the workspace cannot be read: {exc}"
+    if st.st_uid == os.geteuid():
+        need = stat.S_IRUSR | stat.S_IXUSR
+    elif st.st_gid in (os.getegid(), *os.getgroups()):
+        need = stat.S_IRGRP | stat.S_IXGRP
+    else:
+        need = stat.S_IROTH | stat.S_IXOTH
+    if not stat.S_ISDIR(st.st_mode) or st.st_mode & need != need:
+        return (f"the agent left its workspace closed to the grader (mode "
+                f"{stat.filemode(st.st_mode)})")
+    return None
+
+
+def _result(done: grader_process.Outcome, timeout_s: float) -> dict[str, Any]:
+    """The runner's result; for a process that wrote none, whose failure that is.
+
+    Once the grader has touched what the agent controls (the runner's notes: it opened the
+    workspace, ran code from it, started a program), the agent can end the process (agent
+    code that `os._exit`s, kills its parent, or a file that exhausts memory): a death after
+    that is scored 0, with the reason, as a grader that raises is. Only a process that died
+    before any of it failed through no doing of the agent's: `GraderError`."""
     if done.result is not None:
         return done.result
     if done.timed_out:
         return {"ok": False, "kind": "timeout",
                 "error": f"the grader did not finish in {timeout_s:g}s"}
-    raise GraderError(f"the grader process ended (exit code {done.returncode}) without a "
-                      f"result: {done.output[-800:]}")
+    ended = f"the grader process ended (exit code {done.returncode}) without a result"
+    if done.notes:
+        return {"ok": False, "kind": "died",
+                "error": f"{ended} after it {'; '.join(done.notes)}: {done.output[-500:]}"}
+    raise GraderError(f"{ended}, before it touched anything of the agent's: "
+                      f"{done.output[-800:]}")
 
 
 def mean_score(scores: dict[str, Any] | None) -> float:
@@ -159,8 +206,12 @@ def automated(spec: QwenClawBenchGrading, events: list[dict[str, Any]], workspac
         return mean_score(result.get("scores")), as_floats(result.get("scores")), None
     if result.get("kind") == "grader_import":
         raise GraderError(f"the task's grader needs the Python module {result.get('module')!r}, "
-                          f"which is not installed here: {result.get('error')}")
-    # The benchmark scores a grader that raised (or never returned) as 0.
+                          f"which is not installed here: {result.get('error')} (the workspace "
+                          f"is not on the grader's sys.path: a grader that imports the agent's "
+                          f"module puts the workspace there itself)")
+    # The benchmark scores a grader that raised (or never returned) as 0; so is the agent's
+    # failure to provide a module the grader looked for in the workspace, and a grader
+    # process that died after it touched the agent's work (`_result`).
     return 0.0, {}, f"{result.get('kind')}: {result.get('error')}"
 
 
