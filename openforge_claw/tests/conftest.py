@@ -16,12 +16,28 @@ from typing import Any
 import pytest
 import yaml
 from openforge.builtin.mini_agent import run_tool
+from openforge.sandbox.modes import bwrap_path, bwrap_works, namespaces_available
 from openforge.types import RewardResult, Task
 
 from openforge_claw.environment import ClawEnvironment
 from openforge_claw.rewards import GraderReward
 
 SOLUTIONS = Path(__file__).resolve().parents[1] / "src/openforge_claw/solutions"
+
+
+def _isolating_modes() -> list[object]:
+    bwrap = bwrap_path()
+    return [pytest.param("bwrap", id="bwrap", marks=pytest.mark.skipif(
+                bwrap is None or not bwrap_works(bwrap),
+                reason="bubblewrap is not installed or cannot run here (CI installs it)")),
+            pytest.param("namespaces", id="namespaces", marks=pytest.mark.skipif(
+                not namespaces_available(),
+                reason="this kernel does not allow unprivileged user, mount and PID namespaces"))]
+
+
+# The sandbox modes that isolate the agent, as pytest parameters (skipped, saying why, where
+# this machine cannot run one).
+ISOLATING_MODES = _isolating_modes()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -13,9 +13,9 @@ import psutil
 import pytest
 import yaml
 from claw_eval_helpers import REPO
+from conftest import ISOLATING_MODES
 from openforge.config import EngineConfig, RunConfig, SamplingParams
 from openforge.runner import read_results, run_from_config
-from openforge.sandbox.modes import bwrap_path, bwrap_works, namespaces_available
 
 from openforge_claw.claweval.scripts import load_source, render
 
@@ -71,17 +71,7 @@ def test_right_wrong_and_idle_policies(tmp_path: Path) -> None:
     assert not leftover, [p.cmdline() for p in leftover]
 
 
-def _isolating_modes() -> list[object]:
-    bwrap = bwrap_path()
-    return [pytest.param("bwrap", id="bwrap", marks=pytest.mark.skipif(
-                bwrap is None or not bwrap_works(bwrap),
-                reason="bubblewrap is not installed or cannot run here (CI installs it)")),
-            pytest.param("namespaces", id="namespaces", marks=pytest.mark.skipif(
-                not namespaces_available(),
-                reason="this kernel does not allow unprivileged user, mount and PID namespaces"))]
-
-
-@pytest.mark.parametrize("sandbox", _isolating_modes())
+@pytest.mark.parametrize("sandbox", ISOLATING_MODES)
 def test_services_and_tools_reach_the_agent_in_each_isolating_mode(tmp_path: Path,
                                                                    sandbox: str) -> None:
     """The task's services and tool proxy run on the trusted side (the supervisor's

@@ -16,24 +16,14 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import ISOLATING_MODES
 from openforge.sandbox import verifier
-from openforge.sandbox.modes import bwrap_path, bwrap_works, namespaces_available
 from openforge.sandbox.view import build_view
 from openforge.types import Task
 
 from openforge_claw.environment import ClawEnvironment, to_task
 from openforge_claw.grading import grade
 from openforge_claw.tasks import builtin_root, builtin_tasks, solutions_root
-
-
-def _isolating_modes() -> list[object]:
-    bwrap = bwrap_path()
-    return [pytest.param("bwrap", id="bwrap", marks=pytest.mark.skipif(
-                bwrap is None or not bwrap_works(bwrap),
-                reason="bubblewrap is not installed or cannot run here (CI installs it)")),
-            pytest.param("namespaces", id="namespaces", marks=pytest.mark.skipif(
-                not namespaces_available(),
-                reason="this kernel does not allow unprivileged user, mount and PID namespaces"))]
 
 
 def _attempt(tmp_path: Path, env: ClawEnvironment, task: Task) -> tuple[Path, Path, object]:
@@ -49,7 +39,7 @@ def _env(agent: Path) -> dict[str, str]:
     return {"PATH": os.environ["PATH"], "HOME": str(agent / "home")}
 
 
-@pytest.mark.parametrize("mode", _isolating_modes())
+@pytest.mark.parametrize("mode", ISOLATING_MODES)
 def test_command_succeeds_runs_the_agents_script_in_the_attempts_sandbox(
         tmp_path: Path, mode: str) -> None:
     task = next(t for t in builtin_tasks() if t.id == "shell-executable")
@@ -80,7 +70,7 @@ def test_data_paths_are_the_fixtures_never_the_task_file() -> None:
         assert paths == ([root / "fixtures"] if (root / "fixtures").is_dir() else []), ct.id
 
 
-@pytest.mark.parametrize("mode", _isolating_modes())
+@pytest.mark.parametrize("mode", ISOLATING_MODES)
 def test_the_sandbox_hides_the_installed_tasks_and_solutions(tmp_path: Path, mode: str) -> None:
     """What the agent could run to read its answers, from inside the attempt's sandbox: the
     package's task folders and scripted solutions are empty there, the fixtures are in the
