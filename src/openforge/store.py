@@ -311,6 +311,22 @@ class StoredImage(NamedTuple):
     data: bytes
 
 
+def _switch_to_wal(conn: sqlite3.Connection) -> None:
+    """`PRAGMA journal_mode = WAL`, retried while the database is locked: SQLite can answer
+    it "database is locked" at once, without waiting out the busy timeout, while another
+    process creates the same new store or its last connection closes it (seen in CI with
+    three processes racing to create one store: tests/test_store.py)."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
 class Store:
     """Sessions, calls and results in one SQLite file; safe across threads and processes.
 
@@ -341,7 +357,7 @@ class Store:
                                timeout=BUSY_TIMEOUT_MS / 1000)
         try:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA journal_mode = WAL")
+            _switch_to_wal(conn)
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = ON")
             if self._checkpointer is not None:
