@@ -287,8 +287,9 @@ def cpu_s(procs: list[psutil.Process]) -> float:
 
 
 def ratio(a: float, b: float) -> float:
-    """a / b; NaN when b is 0 (a load too small for the CPU clock's 10 ms ticks)."""
-    return a / b if b else float("nan")
+    """a / b; NaN when either is 0: a process that served calls used some CPU, so a 0 is a
+    load too small for the CPU clock's 10 ms ticks, not a measurement."""
+    return a / b if a and b else float("nan")
 
 
 def rss_mb(procs: list[psutil.Process]) -> list[float]:

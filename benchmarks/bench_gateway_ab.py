@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import statistics
 import sys
@@ -61,7 +62,7 @@ async def run(args: argparse.Namespace) -> None:
           f"round, load average {os.getloadavg()[0]:.1f} at start")
     standin, standin_url = bench.start_helper("--standin", "--latency-ms",
                                               str(args.latency_ms))
-    ratios: list[float] = []
+    ratios: list[float] = []  # NaN: a round too short to measure (`bench.ratio`)
     with TemporaryDirectory() as tmp:
         a, a_url = start(other, Path(tmp) / "a.sqlite", standin_url, args.profile, args.workers)
         b, b_url = start(HERE / "src", Path(tmp) / "b.sqlite", standin_url, args.profile,
@@ -77,9 +78,14 @@ async def run(args: argparse.Namespace) -> None:
             bench.stop(a)
             bench.stop(b)
             bench.stop(standin)
-    print(f"B/A: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-"
-          f"{max(ratios):.3f} over {len(ratios)} rounds (CPU ms per recorded call; below 1: "
-          "B costs less)")
+    measured = [r for r in ratios if not math.isnan(r)]
+    if not measured:
+        print("B/A: not measured: each round's CPU was below the CPU clock's 10 ms ticks on "
+              "one side; run more --sessions or --turns")
+        return
+    print(f"B/A: median {statistics.median(measured):.3f}, range {min(measured):.3f}-"
+          f"{max(measured):.3f} over {len(measured)} of {len(ratios)} rounds (CPU ms per "
+          "recorded call; below 1: B costs less)")
 
 
 def main() -> None:
