@@ -74,8 +74,7 @@ class Outcome:
 
 def inside(path: str, folder: str | Path) -> bool:
     """True when `path` (symlinks resolved) is `folder` or lies under it."""
-    real, top = os.path.realpath(path), os.path.realpath(folder)
-    return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
 
 
 def import_paths(pythonpath: str | None, *, untrusted: Path | None = None) -> list[str]:
