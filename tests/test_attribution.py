@@ -35,3 +35,34 @@ def test_the_last_call_is_the_one_with_the_highest_index() -> None:
     # The store's order is not the calls' order: the latest is the one that counts.
     recorded = list(reversed(calls("ok", "failed")))
     assert agents_own_end("crashed", recorded) is None
+
+
+def answered_then(*failed_with: int | None) -> list[Call]:
+    """One answered call, then calls that failed with these HTTP statuses."""
+    recorded = calls("ok", *["failed"] * len(failed_with))
+    return [call.model_copy(update={"http_status": status})
+            for call, status in zip(recorded, (200, *failed_with), strict=True)]
+
+
+@pytest.mark.parametrize("status", [400, 404, 413, 422])
+def test_a_crash_after_the_engine_refused_the_request_itself_is_the_agents(status: int) -> None:
+    # A prompt beyond the engine's context window, or a call the agent sent itself: the
+    # request's own fault, not the infrastructure's.
+    own = agents_own_end("crashed", answered_then(status))
+    assert own is not None and f"refused the last one as the request's own fault ({status})" in own
+
+
+def test_a_timeout_after_only_refused_requests_is_the_agents() -> None:
+    own = agents_own_end("timeout", answered_then(400, 400))
+    assert own is not None and "the infrastructure failed none" in own
+
+
+@pytest.mark.parametrize("status", [None, 200, 429, 500, 502, 503, 504])
+def test_failures_of_the_engine_or_the_gateway_stay_the_infrastructures(
+        status: int | None) -> None:
+    # None: a call recorded before the status was kept; 200: answered, then recording it
+    # failed; 429: the engine was busy (its weights being replaced).
+    assert agents_own_end("crashed", answered_then(status)) is None
+    assert agents_own_end("timeout", answered_then(status)) is None
+    # A refusal after it does not give the time back.
+    assert agents_own_end("timeout", answered_then(status, 400)) is None

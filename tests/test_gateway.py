@@ -421,6 +421,7 @@ async def test_engine_errors_are_503_and_each_retry_is_recorded_once(
         store: Store, tiny_bundle: ModelBundle) -> None:  # noqa: F811
     gw = await start_gateway(store, tiny_bundle, entries=[
         {"match": "explode", "replies": [{"error": "GPU on fire", "status": 503}]},
+        {"match": "too long", "replies": [{"error": "maximum context length", "status": 400}]},
         {"replies": [{"content": "fine"}]}])
     try:
         session = gw.open_session()
@@ -436,14 +437,21 @@ async def test_engine_errors_are_503_and_each_retry_is_recorded_once(
                 "model": "m", "max_tokens": 9, "stream": True,
                 "messages": [{"role": "user", "content": "explode"}]})
             assert s.status_code == 503 and s.json()["error"]["type"] == "overloaded_error"
+        # The engine's refusal of the request itself is the client's 4xx, not retried.
+        with pytest.raises(openai.BadRequestError):
+            await c.chat.completions.create(model="p", messages=[
+                {"role": "user", "content": "too long"}])
     finally:
         await gw.stop()
     calls = store.list_calls(session.id)
-    assert [(c.status, c.retry_count) for c in calls] == [
-        ("failed", 0), ("failed", 1), ("failed", 2), ("ok", 0), ("failed", 0)]
-    assert all("GPU on fire" in (c.error or "") for c in calls if c.status == "failed")
+    # Each with the status the client got (whose fault a failure was: openforge.attribution).
+    assert [(c.status, c.retry_count, c.http_status) for c in calls] == [
+        ("failed", 0, 503), ("failed", 1, 503), ("failed", 2, 503), ("ok", 0, 200),
+        ("failed", 0, 503), ("failed", 0, 400)]
+    assert all("GPU on fire" in (c.error or "") for c in calls if c.http_status == 503)
+    assert "maximum context length" in (calls[-1].error or "")
     assert calls[0].completion_ids == [] and calls[0].prompt_ids
-    assert len({c.id for c in calls}) == 5
+    assert len({c.id for c in calls}) == 6
 
 
 async def test_keepalive_comments_while_the_engine_is_slow(

@@ -4,6 +4,7 @@ and the mini harness on a real gateway in every sandbox mode."""
 from __future__ import annotations
 
 import asyncio
+import shlex
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -19,6 +20,15 @@ from openforge.rollout import execute
 from openforge.sandbox.protocol import RESULT_PREFIX, new_result_key, parse_result
 from openforge.store import Store
 from openforge.types import RolloutResult, RolloutSpec, Task
+
+# A tool command that sends a model call of its own with the harness's session token, one
+# the scripted engine refuses (400), and then kills the harness.
+_POST = ("import json, os, urllib.request as u; r = u.Request(os.environ['OPENAI_BASE_URL'] + "
+         "'/chat/completions', json.dumps({'model': 'm', 'messages': [{'role': 'user', "
+         "'content': 'refuse me'}]}).encode(), {'Content-Type': 'application/json', "
+         "'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']})\n"
+         "try: u.urlopen(r)\nexcept Exception as e: print(e)")
+SELF_REFUSED_CALL = f"{shlex.quote(sys.executable)} -c {shlex.quote(_POST)}; kill -9 $PPID"
 
 HERE = Path(__file__).parent
 
@@ -111,6 +121,14 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
         {"match": "engine fails later", "replies": [
             {"tool_calls": [{"name": "shell", "arguments": {"command": "echo hi"}}]},
             {"error": "engine exploded", "status": 503}]},
+        # A prompt the engine refuses as the request's own fault (vLLM's answer to a prompt
+        # beyond its context window).
+        {"match": "refuse me", "replies": [
+            {"error": "This model's maximum context length is 4096 tokens", "status": 400}]},
+        {"match": "refused and killed", "replies": [
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "ok.txt",
+                                                                   "content": "ok"}}]},
+            {"tool_calls": [{"name": "shell", "arguments": {"command": SELF_REFUSED_CALL}}]}]},
         {"replies": [
             {"tool_calls": [{"name": "write_file", "arguments": {"path": "ok.txt", "content": "ok"}}]},
             {"content": "Wrote it.\nDone: ok.txt"}]},
@@ -189,6 +207,22 @@ async def test_a_crash_on_a_failed_engine_call_stays_an_infra_failure(
     result = await _mini(gateway, tmp_path, "engine fails later", "later")
     assert result.status == "infra_error" and result.is_retried and result.reward is None
     assert "scored" not in (result.error or "")
+
+
+async def test_an_engine_refusal_of_the_agents_own_request_then_a_crash_is_scored(
+        gateway: Gateway, tmp_path: Path) -> None:
+    # The agent sends a call of its own with the session's token (its commands see the
+    # harness's env), one the engine refuses as the request's fault, then kills its harness:
+    # the last recorded call failed, but not for the infrastructure's reasons.
+    result = await _mini(gateway, tmp_path, "refused and killed", "refused")
+    assert result.status == "harness_error" and not result.is_retried, result.error
+    assert result.reward is not None and result.reward.passed  # scored: ok.txt was written
+    assert "the engine refused the last one as the request's own fault (400)" in \
+        (result.error or "")
+    session, = [s for s in gateway.store.list_sessions("run") if s.rollout_id == "refused"]
+    calls = gateway.store.list_calls(session.id)
+    assert [(c.status, c.http_status) for c in calls] == [("ok", 200), ("ok", 200),
+                                                          ("failed", 400)]
 
 
 async def test_a_reward_that_wants_calls_gets_its_own_sessions_trajectory(

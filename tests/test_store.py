@@ -43,7 +43,7 @@ def make_call(cid: str, session_id: str = "s1", index: int = 0, n: int = 5) -> C
         prompt_ids=list(range(100, 100 + n)), completion_ids=[7, 8, 2**31 - 1, 0],
         logprobs=[-0.5, -0.25, 0.0, -1.0], finish_reason="stop", sampling={"temperature": 0.7},
         weight_version="w1", body_digest="abc", retry_count=1, images=["img://1"],
-        started_at=10.0, finished_at=11.0,
+        started_at=10.0, finished_at=11.0, http_status=200,
     )
 
 
@@ -285,6 +285,24 @@ def test_reopen_sees_committed_data(tmp_path: Path) -> None:
         assert [c.id for c in s.list_calls("s1")] == ["c1"]
         mode = s._conn().execute("PRAGMA journal_mode").fetchone()[0]
         assert mode == "wal"
+
+
+def test_a_schema_2_store_gains_the_calls_http_status(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    with Store(path) as store:
+        store.create_session(Session(id="s1", token="t1", created_at=1.0))
+        store.add_call(make_call("c1"))
+    conn = sqlite3.connect(path)  # what schema 2 wrote: no http_status column
+    conn.executescript("ALTER TABLE calls DROP COLUMN http_status; "
+                       "UPDATE schema_version SET version = 2;")
+    conn.close()
+    with Store(path) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        old = store.get_call("c1")
+        assert old is not None and old.http_status is None and old.prompt_ids == [100, 101, 102, 103, 104]
+        store.add_call(make_call("c2", index=1).model_copy(update={"status": "failed",
+                                                                    "http_status": 400}))
+        assert [c.http_status for c in store.list_calls("s1")] == [None, 400]
 
 
 def test_newer_schema_is_a_clear_error(tmp_path: Path) -> None:

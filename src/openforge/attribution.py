@@ -10,10 +10,17 @@ session, which the agent cannot write:
 - the model never answered the session (no call recorded `ok`): nothing the agent decided
   ran, so the crash or timeout is the infrastructure's (a harness that cannot start, an
   engine that is down);
-- the engine failed the session's last call: the harness died on it or waited for it;
-- a timeout after any failed call: time went to the failures;
+- the engine or the gateway failed the session's last call: the harness died on it or
+  waited for it;
+- a timeout after any such failure: time went to the failures;
 - otherwise the agent had the model's answers and acted on them: the end is its own, and
   the attempt is scored on its final state like any failed attempt (`harness_error`).
+
+A call the engine refused as the request's own fault (a 4xx other than 429, passed on by
+the gateway: a prompt beyond the engine's context window, parameters it rejects) is not a
+failure of the infrastructure: the conversation the agent built, or a call it sent itself
+with the session's token, made it. An agent that fills its context until the engine
+refuses and its harness gives up has ended its own attempt.
 
 A slow engine that answers is not a failure here: the time limit bounds the whole attempt,
 the model's own generating included, and the policy decides how much it generates.
@@ -32,17 +39,30 @@ def agents_own_end(harness_status: Literal["crashed", "timeout"],
     """Why the harness's `crashed` or `timeout` is the agent's own doing, or None when the
     recorded calls leave room for the infrastructure to be at fault (see the module)."""
     answered = sum(call.status == "ok" for call in calls)
-    failed = len(calls) - answered
+    failed = sum(_infrastructure_failed(call) for call in calls)
     if not answered:
         return None
     last = max(calls, key=lambda call: call.index)
-    if last.status != "ok":
+    if _infrastructure_failed(last):
         return None
     if harness_status == "timeout" and failed:
         return None
     if harness_status == "timeout":
-        why = f"ran out of time after the model answered {answered} call(s) and failed none"
-    else:
+        why = f"ran out of time after the model answered {answered} call(s) and the " \
+            "infrastructure failed none"
+    elif last.status == "ok":
         why = f"crashed after the model answered {answered} call(s), the last one included"
+    else:
+        why = f"crashed after the model answered {answered} call(s) and the engine refused " \
+            f"the last one as the request's own fault ({last.http_status})"
     return f"the harness {why}: the agent's own attempt, scored (docs/sandboxing.md, " \
         "'Whose failure')"
+
+
+def _infrastructure_failed(call: Call) -> bool:
+    """Whether `call` failed for the engine's or the gateway's reasons, not the request's: a
+    call recorded before the status was kept (None) counts as the infrastructure's."""
+    if call.status == "ok":
+        return False
+    status = call.http_status
+    return status is None or not (400 <= status < 500) or status == 429

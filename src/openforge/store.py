@@ -51,7 +51,7 @@ import zstandard
 from openforge.errors import OpenforgeError
 from openforge.types import Call, RolloutResult, SamplingParams, Session
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 COMPRESS_OVER = 4096  # bytes of JSON text above which request/response are zstd-compressed
 # zstd level 1: the gateway compresses every (growing) request body it records, and zstd
 # does it several times faster than zlib's fastest level, into fewer bytes.
@@ -139,7 +139,8 @@ CREATE TABLE IF NOT EXISTS calls (
     retry_count INTEGER NOT NULL DEFAULT 0,
     images TEXT NOT NULL DEFAULT '[]',
     started_at REAL NOT NULL DEFAULT 0,
-    finished_at REAL NOT NULL DEFAULT 0
+    finished_at REAL NOT NULL DEFAULT 0,
+    http_status INTEGER
 );
 CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, idx);
 CREATE TABLE IF NOT EXISTS images (
@@ -159,9 +160,9 @@ CREATE TABLE IF NOT EXISTS results (
 _CALL_COLUMNS = (
     "id, session_id, idx, branch, branch_reason, dialect, request, response, prompt_ids, "
     "completion_ids, logprobs, finish_reason, sampling, weight_version, exact_tokens, status, "
-    "error, body_digest, retry_count, images, started_at, finished_at"
+    "error, body_digest, retry_count, images, started_at, finished_at, http_status"
 )
-_INSERT_CALL = f"INSERT INTO calls ({_CALL_COLUMNS}) VALUES ({', '.join('?' * 22)})"
+_INSERT_CALL = f"INSERT INTO calls ({_CALL_COLUMNS}) VALUES ({', '.join('?' * 23)})"
 _SESSION_COLUMNS = (
     "id, token_hash, run_id, rollout_id, task_id, model, sampling, weight_version, status, "
     "reward, created_at, closed_at, metadata, scoring_hash"
@@ -276,7 +277,7 @@ def _unpack_json(value: str | bytes | None) -> Any:
 def _row_to_call(row: sqlite3.Row | tuple[Any, ...]) -> Call:
     (cid, session_id, idx, branch, branch_reason, dialect, request, response, prompt_ids,
      completion_ids, logprobs, finish_reason, sampling, weight_version, exact_tokens, status,
-     error, body_digest, retry_count, images, started_at, finished_at) = row
+     error, body_digest, retry_count, images, started_at, finished_at, http_status) = row
     # model_construct: the row was validated when it was written; re-validating every token
     # list on read would dominate export time.
     return Call.model_construct(
@@ -287,7 +288,7 @@ def _row_to_call(row: sqlite3.Row | tuple[Any, ...]) -> Call:
         sampling=json.loads(sampling), weight_version=weight_version,
         exact_tokens=bool(exact_tokens), status=status, error=error, body_digest=body_digest,
         retry_count=retry_count, images=json.loads(images), started_at=started_at,
-        finished_at=finished_at,
+        finished_at=finished_at, http_status=http_status,
     )
 
 
@@ -420,6 +421,8 @@ class Store:
                     f"version reads up to {SCHEMA_VERSION}); upgrade openforge to read it")
             if version == 1:
                 self._migrate_from_1(conn)
+            if version is not None and version < 3:
+                self._migrate_to_3(conn)
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
@@ -444,6 +447,14 @@ class Store:
         for sid, token in rows:
             conn.execute("UPDATE sessions SET token_hash = ? WHERE id = ?",
                          (secret_hash(token), sid))
+
+    @staticmethod
+    def _migrate_to_3(conn: sqlite3.Connection) -> None:
+        """Schema 3 keeps the HTTP status the gateway answered each call with (NULL for the
+        calls recorded before)."""
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(calls)")}
+        if columns and "http_status" not in columns:
+            conn.execute("ALTER TABLE calls ADD COLUMN http_status INTEGER")
 
     @property
     def schema_version(self) -> int:
@@ -611,7 +622,7 @@ class Store:
             ids_to_blob(call.completion_ids), floats_to_blob(call.logprobs), call.finish_reason,
             json.dumps(call.sampling), call.weight_version, int(call.exact_tokens), call.status,
             call.error, call.body_digest, call.retry_count, json.dumps(call.images),
-            call.started_at, call.finished_at,
+            call.started_at, call.finished_at, call.http_status,
         )
 
     def add_call(self, call: Call, assign_index: bool = False, *,

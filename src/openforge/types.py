@@ -106,6 +106,10 @@ class Call(BaseModel):
     images: list[str] = Field(default_factory=list)
     started_at: float = 0.0
     finished_at: float = 0.0
+    # The HTTP status the gateway answered with: 200, or why the call failed (a 4xx the
+    # engine gave the request itself, a 5xx for the engine's or the gateway's failure).
+    # None for calls recorded before openforge kept it.
+    http_status: int | None = None
 
 
 class RewardResult(BaseModel):

@@ -384,7 +384,7 @@ class CallResponse:
             # Recorded whether or not the client still listens: the engine was asked.
             self._record(rendered, sampling, status="failed", error=message,
                          branch=rendered.branch, branch_reason=rendered.branch_reason,
-                         completion_ids=completion_ids, logprobs=logprobs)
+                         completion_ids=completion_ids, logprobs=logprobs, http_status=status)
 
     @staticmethod
     def _check_connected(watcher: asyncio.Future[None]) -> None:
@@ -398,7 +398,7 @@ class CallResponse:
                 response: dict[str, Any] | None = None, response_json: bytes | None = None,
                 prompt_blob: bytes | None = None,
                 weight_version: str | None = None, exact_tokens: bool = True,
-                error: str | None = None) -> None:
+                error: str | None = None, http_status: int = 200) -> None:
         live = self.live
         request: Any = self.payload
         request_json: bytes | None = self.body
@@ -419,7 +419,7 @@ class CallResponse:
             exact_tokens=exact_tokens, status=status, error=error,
             body_digest=self.body_digest, retry_count=self.retry_count,
             images=[image.sha256 for image in self.images],
-            started_at=self.started_at, finished_at=time.time())
+            started_at=self.started_at, finished_at=time.time(), http_status=http_status)
 
         def record_failure(exc: Exception) -> None:
             # Keep the index and the fact of the call: a failed row saying why.
