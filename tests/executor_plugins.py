@@ -6,6 +6,7 @@ the isolating sandboxes map the PYTHONPATH entries read-only.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -239,6 +240,36 @@ class DataEnv(OneTaskEnv):
         answer = workspace / "answer.txt"
         ok = answer.exists() and answer.read_text() == self.options.data.read_text()
         return RewardResult(score=1.0 if ok else 0.0, passed=ok)
+
+
+class HiddenOptions(PluginOptions):
+    """Options of `HiddenAnswersEnv`."""
+
+    answers: Path
+    """A folder of the installation (the image) holding the answer key: `answer.txt`."""
+    only_in_pod: bool = False
+    """Name it hidden only in a Pod's supervisor: an image that installs the environment
+    elsewhere than the runner does."""
+
+
+class HiddenAnswersEnv(OneTaskEnv):
+    """One task whose answer key ships in a folder the agent's sandbox would show (`answers`):
+    it is hidden (`hidden_paths`). Passes when the workspace's answer.txt equals the key,
+    which the checker reads on the trusted side."""
+
+    options_model = HiddenOptions
+    options: HiddenOptions
+
+    def hidden_paths(self, task: Task) -> list[Path]:
+        if self.options.only_in_pod and "OPENFORGE_TRUSTED_DIR" not in os.environ:
+            return []
+        return [self.options.answers]
+
+    def check(self, task: Task, workspace: Path, final_state: dict[str, Any]) -> RewardResult:
+        key = (self.options.answers / "answer.txt").read_text()
+        answer = workspace / "answer.txt"
+        ok = answer.exists() and answer.read_text() == key
+        return RewardResult(score=1.0 if ok else 0.0, passed=ok, details={"key_read": True})
 
 
 class RaisingEnv(OneTaskEnv):

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("kubernetes_asyncio", reason="pip install 'openforge[kubernetes]'")
 
-from kubernetes_asyncio.client import V1OwnerReference  # noqa: E402
+from kubernetes_asyncio.client import ApiClient, V1OwnerReference  # noqa: E402
 from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
 
 from openforge import plugins  # noqa: E402
@@ -32,6 +32,7 @@ from openforge.executors.k8s_pods import (  # noqa: E402
     spec_digest,
 )
 from openforge.executors.k8s_result import (  # noqa: E402
+    agents_storage_eviction,
     compact_message,
     node_lost,
     parse_result,
@@ -97,10 +98,14 @@ def test_pod_has_a_trusted_supervisor_an_agent_and_a_verifier() -> None:
     assert supervisor["startup_probe"]["_exec"]["command"] == \
         ["test", "-e", "/openforge/trusted/ready"]
     assert agent["restart_policy"] is None
-    # The image's ENTRYPOINT (tini) stays: only `args`.
-    for c in (supervisor, agent, verifier):
+    # The trusted containers keep the image's ENTRYPOINT (tini): only `args`. The agent's
+    # launcher is its container's first process, which nothing inside can kill.
+    for c in (supervisor, verifier):
         assert c["command"] is None
         assert c["args"][:3] == ["python", "-m", "openforge.executors.k8s_sandbox"]
+    assert agent["command"] == ["python", "-m", "openforge.executors.k8s_sandbox", "agent"]
+    assert agent["args"] is None
+    for c in (supervisor, agent, verifier):
         assert c["security_context"]["allow_privilege_escalation"] is False
         assert c["security_context"]["capabilities"]["drop"] == ["ALL"]
     mounts = {c["name"]: {m["name"] for m in c["volume_mounts"]}
@@ -120,6 +125,26 @@ def test_pod_has_a_trusted_supervisor_an_agent_and_a_verifier() -> None:
     assert secret_volume["secret"]["secret_name"] == pod_name(spec)
 
 
+def test_hidden_folders_are_empty_and_read_only_in_the_agents_container_only() -> None:
+    hidden = ["/usr/lib/python3/site-packages/env_pkg/solutions",
+              "/usr/lib/python3/site-packages/env_pkg/tasks"]
+    owner = V1OwnerReference(api_version="v1", kind="Secret", name=pod_name(_spec()), uid="u")
+    podspec = build_pod(_spec(), KubernetesOptions(image="i"), owner, hidden=hidden).to_dict()["spec"]
+    supervisor, agent = podspec["init_containers"]
+    [verifier] = podspec["containers"]
+    covers = [(m["mount_path"], m["read_only"], m["name"]) for m in agent["volume_mounts"]
+              if m["name"].startswith("hidden-")]
+    assert covers == [(hidden[0], True, "hidden-0"), (hidden[1], True, "hidden-1")]
+    volumes = {v["name"]: v for v in podspec["volumes"]}
+    assert all(volumes[name]["empty_dir"] is not None for _, _, name in covers)
+    # The trusted containers see the installation as it is (a checker reads the answers);
+    # the supervisor knows what the agent's container empties, to check it.
+    for c in (supervisor, verifier):
+        assert not any(m["name"].startswith("hidden-") for m in c["volume_mounts"])
+    supervisor_env = {e["name"]: e["value"] for e in supervisor["env"]}
+    assert json.loads(supervisor_env["OPENFORGE_HIDDEN_PATHS"]) == hidden
+
+
 def test_the_secret_carries_the_spec_as_pods_reach_the_gateway() -> None:
     options = KubernetesOptions(image="i", gateway_url="http://gw.svc:8000")
     owner = V1OwnerReference(api_version="v1", kind="ConfigMap", name="openforge-run-x", uid="u")
@@ -134,9 +159,13 @@ def test_the_secret_carries_the_spec_as_pods_reach_the_gateway() -> None:
 def test_an_entrypoint_option_names_the_command() -> None:
     options = KubernetesOptions(image="i", entrypoint=["/usr/bin/tini", "-g", "--"],
                                 python="/opt/venv/bin/python")
-    verifier = _pod_dict(_spec(), options)["spec"]["containers"][0]
+    podspec = _pod_dict(_spec(), options)["spec"]
+    verifier = podspec["containers"][0]
     assert verifier["command"] == ["/usr/bin/tini", "-g", "--"]
     assert verifier["args"][0] == "/opt/venv/bin/python"
+    # Not the agent's: its launcher stays the container's first process.
+    agent = podspec["init_containers"][1]
+    assert agent["command"][:2] == ["/opt/venv/bin/python", "-m"] and agent["args"] is None
 
 
 def test_identity_names_and_digests() -> None:
@@ -347,9 +376,70 @@ def test_pod_level_reasons_win_over_exit_codes() -> None:
         "type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
         "message": "Preempted in order to admit critical pod"}]))
     assert preempted is not None and "preempted by the scheduler" in preempted.message
-    oom = pod_level_cause(_ended(agent={"terminated": {"exitCode": 137, "reason": "OOMKilled"}}))
-    assert oom is not None and "agent was OOMKilled" in oom.message
+    oom_killed = {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
+    # The agent's own container is the agent's doing: the executor judges it on the
+    # session's recorded calls. A trusted container's is the infrastructure's.
+    assert pod_level_cause(_ended(agent=oom_killed)) is None
+    pod = _ended()
+    pod["status"]["initContainerStatuses"].insert(0, {"name": "supervisor", "state": oom_killed})
+    oom = pod_level_cause(pod)
+    assert oom is not None and "supervisor was OOMKilled" in oom.message
     assert pod_level_cause(_ended()) is None  # just an exit code: the executor says so
+
+
+def test_the_volumes_the_agent_writes_have_a_size_limit() -> None:
+    volumes = {v["name"]: v for v in _pod_dict(_spec(), KubernetesOptions(image="i"))["spec"][
+        "volumes"]}
+    # Past it the kubelet evicts this Pod alone, before the node's disk fills.
+    assert volumes["workspace"]["empty_dir"]["size_limit"] == "10Gi"
+    assert volumes["agent"]["empty_dir"]["size_limit"] == "4Gi"
+    assert volumes["trusted"]["empty_dir"]["size_limit"] is None  # the agent cannot write it
+    options = KubernetesOptions(image="i", workspace_size_limit="50Gi", agent_size_limit=None)
+    volumes = {v["name"]: v for v in _pod_dict(_spec(), options)["spec"]["volumes"]}
+    assert volumes["workspace"]["empty_dir"]["size_limit"] == "50Gi"
+    assert volumes["agent"]["empty_dir"]["size_limit"] is None
+    with pytest.raises(ValueError, match="workspace_size_limit"):
+        KubernetesOptions(image="i", workspace_size_limit="10 GB")
+
+
+async def _evicted(message: str) -> dict[str, Any]:
+    """A Pod built as the executor builds it (as the API server has it: camelCase), evicted
+    by its kubelet with `message`."""
+    owner = V1OwnerReference(api_version="v1", kind="Secret", name=pod_name(_spec()), uid="u")
+    async with ApiClient() as api:
+        pod = api.sanitize_for_serialization(
+            build_pod(_spec(), KubernetesOptions(image="i"), owner, hidden=["/opt/env/keys"]))
+    return {**pod, **_ended("Evicted", message)}
+
+
+# The kubelet's own messages (pkg/kubelet/eviction/helpers.go), with their trailing space.
+@pytest.mark.parametrize("message, agents", [
+    ('Usage of EmptyDir volume "workspace" exceeds the limit "10Gi". ', True),
+    ('Usage of EmptyDir volume "agent" exceeds the limit "4Gi". ', True),
+    ('Container agent exceeded its local ephemeral storage limit "1Gi". ', True),
+    # What trusted code writes, or a volume the agent mounts read-only, is not the agent's.
+    ('Usage of EmptyDir volume "trusted" exceeds the limit "1Gi". ', False),
+    ('Usage of EmptyDir volume "hidden-0" exceeds the limit "1Mi". ', False),
+    ('Container supervisor exceeded its local ephemeral storage limit "1Gi". ', False),
+    ('Pod ephemeral local storage usage exceeds the total limit of containers 4Gi. ', False),
+    # The node ran low, whoever used it: even naming the agent's container.
+    ("The node was low on resource: ephemeral-storage. Threshold quantity: 10Gi, available: "
+     "9Gi. Container agent was using 30Gi, request is 0, has larger consumption of "
+     "ephemeral-storage. ", False),
+    ('The node had condition: [DiskPressure]. Usage of EmptyDir volume "workspace" exceeds '
+     'the limit "10Gi". ', False),
+])
+async def test_an_eviction_for_the_agents_own_storage_is_told_apart(message: str,
+                                                                    agents: bool) -> None:
+    pod = await _evicted(message)
+    own = agents_storage_eviction(pod)
+    cause = pod_level_cause(pod)
+    if agents:  # judged by the executor on the session's calls, like an OOM-killed agent
+        assert own is not None and f"(Evicted: {message.strip()})" in own and cause is None
+    else:
+        assert own is None
+        assert cause is not None and cause.status == "infra_error"
+        assert cause.message.startswith("evicted by its node (Evicted: ")
 
 
 def test_node_loss_from_the_pod_and_from_the_node_watch_with_explicit_times() -> None:

@@ -102,11 +102,11 @@ _STATUS: dict[str, RolloutStatus] = {"completed": "ok", "failed": "harness_error
 
 
 # Runs the harness command in the agent's sandbox and returns once every process of it is
-# gone: (command, env, stdout, stderr, timeout_s) -> how it ended, its output written to
-# `stdout` and `stderr`. Without a hook a supervisor launches into a sandbox of its mode on
-# this machine (`Supervisor.launch_here`); a Pod's supervisor hands the command to the Pod's
-# agent container (`openforge.executors.k8s_sandbox`).
-Launch = Callable[[Command, dict[str, str], Path, Path, float], AgentExit]
+# gone: (command, env, stdout, stderr, timeout_s, view: what the agent is meant to see) ->
+# how it ended, its output written to `stdout` and `stderr`. Without a hook a supervisor
+# launches into a sandbox of its mode on this machine (`Supervisor.launch_here`); a Pod's
+# supervisor hands the command to the Pod's agent container (`openforge.executors.k8s_sandbox`).
+Launch = Callable[[Command, dict[str, str], Path, Path, float, View], AgentExit]
 
 
 class _Terminated(Exception):
@@ -326,9 +326,9 @@ class Supervisor:
         timeout_s = deadline - time.monotonic() - reserve
         if self.mode in ISOLATING:
             self._relay = self._open_relay()
-        launch = self.launch or self.launch_here(view)
+        launch = self.launch or self.launch_here
         try:
-            exit_ = launch(command, env, out_path, err_path, timeout_s)
+            exit_ = launch(command, env, out_path, err_path, timeout_s, view)
         except LeftoverError as exc:
             raise _Stop("infra_error", f"could not end the agent's processes: {exc}") from None
         if exit_.setup_error:  # the sandbox or the harness program could not start
@@ -415,18 +415,14 @@ class Supervisor:
                   f"{ports.UNPRIVILEGED}: the sandbox cannot reach it", file=sys.stderr)
         return Relay(ports.allowed(self.spec.session_url))
 
-    def launch_here(self, view: View) -> Launch:
-        """The launcher into a sandbox of this supervisor's mode, on this machine, in `view`."""
-
-        def launch(command: Command, env: dict[str, str], stdout: Path, stderr: Path,
-                   timeout_s: float) -> AgentExit:
-            return run_agent(self.mode, command, env=env, view=view, work_dir=self.root,
-                             stdout=stdout, stderr=stderr, timeout_s=timeout_s, relay=self._relay,
-                             # The supervisor's own children so far (services the
-                             # environment started) are not the agent's.
-                             trusted=own_descendants())
-
-        return launch
+    def launch_here(self, command: Command, env: dict[str, str], stdout: Path, stderr: Path,
+                    timeout_s: float, view: View) -> AgentExit:
+        """Launch into a sandbox of this supervisor's mode, on this machine, in `view`."""
+        return run_agent(self.mode, command, env=env, view=view, work_dir=self.root,
+                         stdout=stdout, stderr=stderr, timeout_s=timeout_s, relay=self._relay,
+                         # The supervisor's own children so far (services the environment
+                         # started) are not the agent's.
+                         trusted=own_descendants())
 
     def _forged(self, outputs: list[Path], fields: dict[str, Any]) -> dict[str, Any] | None:
         """The verdict when the agent's own output holds a result line (`sandbox.forgery`):

@@ -3,7 +3,12 @@
 Scheduling: onto the first Ready node whose labels match the nodeSelector and whose
 allocatable cpu / memory fit; otherwise Pending with `PodScheduled=False, Unschedulable`.
 Volumes: emptyDir, secret and configMap; a Pod waits in ContainerCreating until the Secrets
-it mounts exist (as a kubelet retries the mount).
+it mounts exist (as a kubelet retries the mount). An emptyDir's `sizeLimit` is enforced as
+the kubelet's eviction manager does (pkg/kubelet/eviction, `emptyDirLimitEviction`): every
+`eviction_interval_s` while the Pod is active, a volume using more than its limit (blocks
+in use, as `du` counts them) evicts the Pod: its containers killed at once, `Failed /
+Evicted` with the kubelet's message `Usage of EmptyDir volume "NAME" exceeds the limit
+"LIMIT". `, and no DisruptionTarget condition (the kubelet sets one only for node pressure).
 Images: `command` / `args` override the image's ENTRYPOINT / CMD (`Image`); an image
 containing `does-not-exist` fails to pull for good (ErrImagePull, then ImagePullBackOff);
 `pull_faults` make the next pulls of an image fail with a transient registry error first;
@@ -14,7 +19,9 @@ passes (the sidecar keeps running and is restarted if it exits); a regular init 
 must exit 0 or the Pod fails (`restartPolicy: Never`); then the main containers; when they
 have ended, the sidecars get SIGTERM. Every container has its own log and its own
 termination-message file (env values naming its `terminationMessagePath`, and paths under
-a volume's mountPath, are mapped to where they live here).
+a volume's mountPath, are mapped to where they live here); a volume whose mountPath is a
+folder of the image (this machine's, see `runtime.image_paths`) is mounted there for real,
+read-only when `readOnly`, where containers are isolated.
 Ending: exit codes, `Completed` / `Error` / `OOMKilled`; `activeDeadlineSeconds` (counted
 from the Pod's start, and re-read when a live Pod's is changed) -> SIGTERM, grace, SIGKILL,
 `Failed / DeadlineExceeded`; graceful deletion -> the same, then the object
@@ -178,6 +185,7 @@ class Kubelet:
         self.runtime = None if simulate else ProcessRuntime(isolate, self.image_env)
         self.pull_faults: dict[str, list[str]] = {}
         self.pull_backoff_s = 0.3
+        self.eviction_interval_s = 0.2  # a kubelet's housekeeping interval (10 s by default)
         self.pulled: set[tuple[str, str]] = set()  # (node, image) already on the node
         self.partitioned: set[str] = set()
         self.clock_offset_s = 0.0
@@ -321,6 +329,8 @@ class Kubelet:
         self._arm_deadline(run, spec)
         while not self._mount(run, spec):  # a kubelet retries the mount until the Secret exists
             await asyncio.sleep(0.1)
+        if self.runtime is not None:
+            self._spawn(self._enforce_size_limits(run, spec))
         for box in run.boxes.values():
             if box.init:
                 if not await self._run_init(run, box):
@@ -489,6 +499,22 @@ class Kubelet:
                 await box.handle.stop(grace)
                 await self._wait(run, box)
 
+    async def _enforce_size_limits(self, run: PodRun, spec: Obj) -> None:
+        """Evict the Pod once one of its emptyDir volumes uses more than its `sizeLimit`."""
+        limits = {v["name"]: v["emptyDir"]["sizeLimit"] for v in spec.get("volumes") or []
+                  if (v.get("emptyDir") or {}).get("sizeLimit")
+                  and quantity(v["emptyDir"]["sizeLimit"]) > 0}
+        while limits and run.phase not in _TERMINAL and run.ending is None and not run.removed:
+            await asyncio.sleep(self.eviction_interval_s)
+            if run.node in self.partitioned:
+                continue  # a cut-off kubelet is not heard of (its evictions neither)
+            for name, limit in limits.items():
+                if await asyncio.to_thread(_used_bytes, run.volumes[name]) > quantity(limit):
+                    self._end(run, grace=0.0, remove=False, reason="Evicted",
+                              message=f'Usage of EmptyDir volume "{name}" exceeds the limit '
+                                      f'"{limit}". ')
+                    return
+
     # -- images and containers -----------------------------------------------------------------
 
     async def _pull(self, run: PodRun, box: Box) -> bool:
@@ -528,9 +554,21 @@ class Kubelet:
         return self.images.get(image) or self.images.get(image.split("@")[0]) or Image()
 
     def _mounts(self, run: PodRun, box: Box) -> list[tuple[str, Path]]:
+        """The volumes whose paths are mapped: (mountPath, where it lives here)."""
         mounts = [(m["mountPath"].rstrip("/") or "/", run.volumes[m["name"]])
-                  for m in box.spec.get("volumeMounts") or [] if m["name"] in run.volumes]
+                  for m in box.spec.get("volumeMounts") or []
+                  if m["name"] in run.volumes and not self._over_image(m)]
         return sorted(mounts, key=lambda m: -len(m[0]))
+
+    def _over_image(self, mount: Obj) -> bool:
+        """Whether a volumeMount covers a folder of the image (mounted there for real)."""
+        return os.path.isabs(mount["mountPath"]) and os.path.isdir(mount["mountPath"])
+
+    def _real_mounts(self, run: PodRun, box: Box) -> list[tuple[str, Path, bool]]:
+        """The volumes mounted over folders of the image: (mountPath, here, read-only)."""
+        return [(m["mountPath"], run.volumes[m["name"]], bool(m.get("readOnly")))
+                for m in box.spec.get("volumeMounts") or []
+                if m["name"] in run.volumes and self._over_image(m)]
 
     def _map(self, run: PodRun, box: Box, value: str) -> str:
         """A path as the container names it -> where it lives here."""
@@ -603,7 +641,8 @@ class Kubelet:
                    box.message_path)
             try:
                 box.handle = await self.runtime.start(Launch(
-                    argv, env, box.directory, box.log_path, run.marker, writable, log))
+                    argv, env, box.directory, box.log_path, run.marker, writable, log,
+                    self._real_mounts(run, box)))
             except OSError as exc:
                 self._waiting(run, box, "RunContainerError", f"failed to start: {exc}")
                 box.handle = None
@@ -875,6 +914,17 @@ class Kubelet:
         if query.get("limitBytes"):
             data = data[: int(query["limitBytes"])]
         return data
+
+
+def _used_bytes(folder: Path) -> int:
+    """What a folder's files take on disk, links not followed (as `du`, which the kubelet's
+    volume statistics use, counts: a sparse file only for the blocks it has)."""
+    used = 0
+    for where, dirs, files in os.walk(folder):
+        for entry in dirs + files:
+            with contextlib.suppress(OSError):
+                used += os.lstat(os.path.join(where, entry)).st_blocks * 512
+    return used
 
 
 def _deadline_of(pod: Obj | None) -> Any:

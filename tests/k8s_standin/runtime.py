@@ -59,6 +59,8 @@ class Launch:
     marker: str
     writable: list[Path] = field(default_factory=list)  # this container's volumes and dir
     termination_log: tuple[str, Path] | None = None  # (its path inside, the file here)
+    # Volumes over folders of the image: (the folder, the volume here, read-only).
+    mounts: list[tuple[str, Path, bool]] = field(default_factory=list)
 
 
 class Handle:
@@ -192,6 +194,12 @@ class ProcessRuntime:
             inside, here = launch.termination_log
             if inside.startswith("/dev/"):
                 lines.append(f"touch {q(inside)} && mount --bind {q(str(here))} {q(inside)}")
+        # Volumes over the image's folders first: the image's paths are staged below with
+        # what is mounted in them.
+        for inside, here, read_only in launch.mounts:
+            lines.append(f"mount --bind {q(str(here))} {q(inside)}")
+            if read_only:
+                lines.append(f"mount -o remount,bind,ro {q(inside)}")
         for i, (path, read_only) in enumerate(keeps):
             lines.append(f"mkdir /dev/.stage/k{i} && mount --rbind {q(str(path))} /dev/.stage/k{i}")
             if read_only:

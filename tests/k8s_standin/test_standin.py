@@ -266,6 +266,31 @@ async def test_init_order_sidecar_probe_volumes_and_termination_messages(
     await gone(core, "ordered")
 
 
+async def test_an_empty_dir_past_its_size_limit_evicts_the_pod(core: client.CoreV1Api) -> None:
+    # As the kubelet's eviction manager does (pkg/kubelet/eviction): a volume that uses more
+    # than its sizeLimit evicts its Pod, at once, with the kubelet's own message; another
+    # volume within its limit is not named.
+    script = ("import os, time; open(os.environ['ROOMY'] + '/f', 'wb').write(b'x' * 2**19); "
+              "open(os.environ['SMALL'] + '/f', 'wb').write(b'x' * 2**21); time.sleep(600)")
+    body = pod("filled", script, volumes=[
+        client.V1Volume(name="roomy", empty_dir=client.V1EmptyDirVolumeSource(size_limit="8Mi")),
+        client.V1Volume(name="small", empty_dir=client.V1EmptyDirVolumeSource(size_limit="1Mi"))])
+    main = body.spec.containers[0]
+    main.env += [client.V1EnvVar(name="ROOMY", value="/roomy"),
+                 client.V1EnvVar(name="SMALL", value="/small")]
+    main.volume_mounts = [client.V1VolumeMount(name=n, mount_path=f"/{n}")
+                          for n in ("roomy", "small")]
+    await core.create_namespaced_pod("default", body)
+    evicted = await until(core, "filled", lambda p: p.status.phase == "Failed")
+    assert evicted.status.reason == "Evicted"
+    assert evicted.status.message == 'Usage of EmptyDir volume "small" exceeds the limit "1Mi". '
+    # Not a node-pressure eviction: no DisruptionTarget condition.
+    assert not [c for c in evicted.status.conditions if c.type == "DisruptionTarget"]
+    assert evicted.status.container_statuses[0].state.terminated.exit_code == 137
+    await core.delete_namespaced_pod("filled", "default")
+    await gone(core, "filled")
+
+
 async def test_a_secret_owned_pod_waits_for_its_secret_and_goes_with_it(
         core: client.CoreV1Api) -> None:
     script = "import os; open(os.environ['MSG'], 'w').write(open('/s/token').read())"

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +32,7 @@ from openforge.executors.k8s_sandbox import AGENT, READY, SUPERVISOR, VERIFIER
 from openforge.options import PluginOptions
 from openforge.sandbox.protocol import (
     AGENT_DIR_ENV,
+    HIDDEN_ENV,
     SPEC_FILE_ENV,
     TERMINATION_LOG_ENV,
     TRUSTED_DIR_ENV,
@@ -48,6 +51,8 @@ SPEC_KEY = "spec.json"
 # Where each volume is mounted, in the containers that mount it.
 MOUNTS = {"workspace": "/openforge/workspace", "agent": "/openforge/agent",
           "trusted": "/openforge/trusted", "spec": "/openforge/spec"}
+# A resource quantity as the API server takes it ("10Gi", "500M", "1e9").
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i|[kMGTPE]|[eE][0-9]+)?$"
 # A Secret holds at most 1 MiB (base64 of the spec, plus the object's metadata).
 MAX_SPEC_BYTES = 700_000
 
@@ -69,10 +74,11 @@ class KubernetesOptions(PluginOptions):
     image_pull_secrets: list[str] = Field(default_factory=list)
     """Names of Secrets the kubelet pulls the image with."""
     python: str = "python"
-    """The image's Python: each container's `args` are `PYTHON -m
-    openforge.executors.k8s_sandbox ROLE`, under the image's own ENTRYPOINT (e.g. tini)."""
+    """The image's Python: the trusted containers' `args` are `PYTHON -m
+    openforge.executors.k8s_sandbox ROLE`, under the image's own ENTRYPOINT (e.g. tini); the
+    agent container's `command` is that, its first process (PID 1: see k8s_sandbox)."""
     entrypoint: list[str] | None = None
-    """Replaces the image's ENTRYPOINT when set (the containers' `command`)."""
+    """Replaces the image's ENTRYPOINT of the trusted containers when set (their `command`)."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment variables added to the agent container."""
     gateway_url: str | None = None
@@ -86,6 +92,12 @@ class KubernetesOptions(PluginOptions):
     """The supervisor's resource requests (it runs the environment's services)."""
     supervisor_limits: dict[str, str] = Field(default_factory=dict)
     """The supervisor's resource limits."""
+    workspace_size_limit: str | None = Field("10Gi", pattern=_QUANTITY)
+    """The workspace volume's sizeLimit (the agent writes it; the task's files count too).
+    Past it the kubelet evicts this Pod alone, and that counts as the agent's own end
+    (docs/sandboxing.md); None: no limit, the agent may fill its node's disk."""
+    agent_size_limit: str | None = Field("4Gi", pattern=_QUANTITY)
+    """The agent volume's sizeLimit (the agent's HOME and the harness's output), likewise."""
     runtime_class: str | None = None
     """The Pods' runtimeClassName (gVisor or Kata for untrusted agent code)."""
     node_selector: dict[str, str] = Field(default_factory=dict)
@@ -231,13 +243,27 @@ def _hardened() -> k8s.V1SecurityContext:
                                  capabilities=k8s.V1Capabilities(drop=["ALL"]))
 
 
+def _hidden(paths: Sequence[str]) -> tuple[list[k8s.V1Volume], list[k8s.V1VolumeMount]]:
+    """An empty read-only folder over each hidden path, for the agent's container: its file
+    system is the image's, so an answer key the environment ships in its installed package
+    is there unless covered."""
+    volumes = [k8s.V1Volume(name=f"hidden-{i}", empty_dir=k8s.V1EmptyDirVolumeSource(
+        medium="Memory", size_limit="1Mi")) for i in range(len(paths))]
+    mounts = [k8s.V1VolumeMount(name=f"hidden-{i}", mount_path=path, read_only=True)
+              for i, path in enumerate(paths)]
+    return volumes, mounts
+
+
 def build_pod(spec: RolloutSpec, options: KubernetesOptions,
-              secret: k8s.V1OwnerReference | None) -> k8s.V1Pod:
+              secret: k8s.V1OwnerReference | None, hidden: Sequence[str] = ()) -> k8s.V1Pod:
     """The Pod for one attempt, built from typed models (a misspelled field fails here).
 
     `secret` is the attempt's Secret as an owner reference (None only in tests that build
-    a Pod on its own): the Pod goes when the Secret does.
+    a Pod on its own): the Pod goes when the Secret does. `hidden`: the environment's hidden
+    folders (`Environment.hidden_paths`, absolute), empty in the agent's container; the
+    supervisor checks they are the ones it finds in the image.
     """
+    hidden_volumes, hidden_mounts = _hidden(hidden)
     def role(name: str) -> dict[str, Any]:
         return {"name": name, "image": options.image,
                 "image_pull_policy": options.image_pull_policy,
@@ -252,7 +278,8 @@ def build_pod(spec: RolloutSpec, options: KubernetesOptions,
     supervisor = k8s.V1Container(
         **role(SUPERVISOR), restart_policy="Always",  # a native sidecar
         env=env({**paths, TRUSTED_DIR_ENV: MOUNTS["trusted"],
-                 SPEC_FILE_ENV: f"{MOUNTS['spec']}/{SPEC_KEY}", "PYTHONUNBUFFERED": "1"}),
+                 SPEC_FILE_ENV: f"{MOUNTS['spec']}/{SPEC_KEY}", "PYTHONUNBUFFERED": "1",
+                 HIDDEN_ENV: json.dumps(list(hidden))}),
         volume_mounts=[_mount("workspace"), _mount("agent"), _mount("trusted"),
                        _mount("spec", read_only=True)],
         resources=k8s.V1ResourceRequirements(requests=options.supervisor_requests or None,
@@ -261,11 +288,14 @@ def build_pod(spec: RolloutSpec, options: KubernetesOptions,
         startup_probe=k8s.V1Probe(
             _exec=k8s.V1ExecAction(command=["test", "-e", f"{MOUNTS['trusted']}/{READY}"]),
             period_seconds=1, failure_threshold=max(1, math.ceil(options.pending_timeout_s))))
+    # The launcher is the agent container's first process, not under the image's init:
+    # as PID 1 nothing the agent runs can kill it (k8s_sandbox.run_agent).
     agent = k8s.V1Container(
-        **role(AGENT),
+        **{**role(AGENT), "command": [options.python, "-m", "openforge.executors.k8s_sandbox",
+                                      AGENT], "args": None},
         env=env({**dict(sorted(options.env.items())), **paths,
                  "HOME": f"{MOUNTS['agent']}/home", "PYTHONUNBUFFERED": "1"}),
-        volume_mounts=[_mount("workspace"), _mount("agent")],
+        volume_mounts=[_mount("workspace"), _mount("agent"), *hidden_mounts],
         resources=k8s.V1ResourceRequirements(requests=options.requests or None,
                                              limits=options.limits or None))
     verifier = k8s.V1Container(
@@ -279,7 +309,9 @@ def build_pod(spec: RolloutSpec, options: KubernetesOptions,
                    "openforge.io/rollout-id-full": spec.rollout_id,
                    "openforge.io/task-id-full": spec.task.id,
                    DIGEST_ANNOTATION: spec_digest(spec, options)}
-    empty = k8s.V1EmptyDirVolumeSource()
+    def empty(size_limit: str | None = None) -> k8s.V1EmptyDirVolumeSource:
+        return k8s.V1EmptyDirVolumeSource(size_limit=size_limit)
+
     return k8s.V1Pod(
         api_version="v1", kind="Pod",
         metadata=k8s.V1ObjectMeta(name=pod_name(spec), namespace=options.namespace,
@@ -288,14 +320,18 @@ def build_pod(spec: RolloutSpec, options: KubernetesOptions,
         spec=k8s.V1PodSpec(
             restart_policy="Never", init_containers=[supervisor, agent],
             containers=[verifier],
-            volumes=[k8s.V1Volume(name="workspace", empty_dir=empty),
-                     k8s.V1Volume(name="agent", empty_dir=empty),
-                     k8s.V1Volume(name="trusted", empty_dir=empty),
+            # The volumes the agent writes have a size limit: past it the kubelet evicts
+            # this Pod alone (not its neighbours when the node's disk fills), and soon.
+            volumes=[k8s.V1Volume(name="workspace",
+                                  empty_dir=empty(options.workspace_size_limit)),
+                     k8s.V1Volume(name="agent", empty_dir=empty(options.agent_size_limit)),
+                     k8s.V1Volume(name="trusted", empty_dir=empty()),
                      # Readable by the image's user whoever it is: only the supervisor
                      # mounts it.
                      k8s.V1Volume(name="spec", secret=k8s.V1SecretVolumeSource(
                          secret_name=pod_name(spec), default_mode=0o444,
-                         items=[k8s.V1KeyToPath(key=SPEC_KEY, path=SPEC_KEY)]))],
+                         items=[k8s.V1KeyToPath(key=SPEC_KEY, path=SPEC_KEY)])),
+                     *hidden_volumes],
             active_deadline_seconds=deadline_seconds(spec, options),
             termination_grace_period_seconds=options.termination_grace_s,
             automount_service_account_token=False, enable_service_links=False,

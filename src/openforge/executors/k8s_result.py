@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from openforge.executors.k8s_sandbox import AGENT
 from openforge.sandbox.protocol import ResultRefused, result_line
 from openforge.sandbox.protocol import parse_result as parse_result_line
 from openforge.sandbox.scrub import LINKS, SPECIAL_FILES
@@ -47,6 +48,14 @@ _POD_REASONS = {"Evicted": "evicted by its node", "DeadlineExceeded": "past acti
                 "OutOfcpu": "refused by its node (out of cpu)",
                 "OutOfmemory": "refused by its node (out of memory)",
                 "NodeAffinity": "refused by its node (affinity)"}
+# What the kubelet says when it evicts a Pod for going past a storage limit of the Pod's own
+# (kubernetes pkg/kubelet/eviction/helpers.go: emptyDirMessageFmt and
+# containerEphemeralStorageMessageFmt, with a trailing space), as opposed to its node running
+# low ("The node was low on resource: ..."), which may be anyone's doing.
+_VOLUME_OVER = re.compile(r'Usage of EmptyDir volume "(?P<volume>[^"]+)" exceeds the limit '
+                          r'"[^"]+"\.\s*')
+_CONTAINER_OVER = re.compile(r'Container (?P<container>\S+) exceeded its local ephemeral '
+                             r'storage limit "[^"]+"\.\s*')
 # DisruptionTarget condition reasons (Kubernetes 1.26+).
 _DISRUPTIONS = {"PreemptionByScheduler": "preempted by the scheduler",
                 "TerminationByKubelet": "ended by its node (pressure or shutdown)",
@@ -172,11 +181,42 @@ def node_lost(pod: Pod) -> str | None:
     return None
 
 
+def agents_storage_eviction(pod: Pod) -> str | None:
+    """One line when the kubelet evicted the Pod because the agent's container went past a
+    storage limit: of a volume it mounts writable (workspace, agent) or of its own ephemeral
+    storage. Only the agent writes without bound there, so its doing, as what its container
+    uses of memory is. None for any other end (its node's pressure included)."""
+    status = pod.get("status") or {}
+    message = (status.get("message") or "").strip()
+    if status.get("reason") != "Evicted":
+        return None
+    volume = _VOLUME_OVER.fullmatch(message)
+    container = _CONTAINER_OVER.fullmatch(message)
+    if (volume and volume["volume"] in _agents_volumes(pod)) or \
+            (container and container["container"] == AGENT):
+        return f"the agent went past its storage limit: evicted by its node (Evicted: {message})"
+    return None
+
+
+def _agents_volumes(pod: Pod) -> set[str]:
+    """The emptyDir volumes the agent's container mounts writable."""
+    spec = pod.get("spec") or {}
+    empty = {v.get("name") for v in spec.get("volumes") or [] if "emptyDir" in v}
+    agent: dict[str, Any] = next(
+        (c for c in spec.get("initContainers") or [] if c.get("name") == AGENT), {})
+    return {m.get("name") for m in agent.get("volumeMounts") or [] if not m.get("readOnly")} \
+        & empty
+
+
 def pod_level_cause(pod: Pod) -> Cause | None:
     """Why a Pod ended, from the Pod, not its containers' exit codes: the Pod's reason, a
-    disruption, an OOM kill (in any container)."""
+    disruption, an OOM kill (in a trusted container). What the agent's own container used,
+    of memory or of its storage limits (`agents_storage_eviction`), is the agent's doing,
+    judged by the executor on the session's recorded calls: None here."""
     status = pod.get("status") or {}
     reason, message = status.get("reason") or "", status.get("message") or ""
+    if agents_storage_eviction(pod):
+        return None
     if reason == "DeadlineExceeded":
         return Cause("timeout", f"past activeDeadlineSeconds, killed by the kubelet ({message})")
     if reason:
@@ -186,7 +226,7 @@ def pod_level_cause(pod: Pod) -> Cause | None:
         return Cause("infra_error", why)
     for s in statuses(pod):
         term = (s.get("state") or {}).get("terminated") or {}
-        if term.get("reason") == "OOMKilled":
+        if term.get("reason") == "OOMKilled" and s.get("name") != AGENT:
             return Cause("infra_error", f"container {s.get('name')} was OOMKilled: it needs a "
                          "higher memory limit (executor option limits.memory)")
     return None

@@ -19,9 +19,11 @@ running, the main container last):
   scoring run in a sandbox of this container (the best mode it can build: `auto`).
 - `agent`, an init container: runs the harness command and nothing else. It holds the
   session token (good for model calls only) and no other credential: it mounts neither the
-  Secret nor the volume the supervisor and the verifier share. It exits 0 whatever the
-  harness did; only a killed agent container exits otherwise, and that fails the Pod (an
-  infrastructure failure, never a pass).
+  Secret nor the volume the supervisor and the verifier share. Its launcher is the
+  container's first process, which nothing inside can kill, and exits 0 whatever the harness
+  did; an agent container ended otherwise (the OOM killer took all of it) fails the Pod,
+  and the executor decides whose end that was from the session's recorded calls
+  (`openforge.attribution`).
 - `verifier`, the Pod's main container, trusted: the only container whose termination
   message (and log) the executor reads. It asks the supervisor over a socket in their
   shared volume and writes the answer as its termination message and last log line.
@@ -49,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from openforge.sandbox.protocol import (
     AGENT_DIR_ENV,
+    HIDDEN_ENV,
     SANDBOX_ENV,
     SPEC_FILE_ENV,
     TERMINATION_LOG_ENV,
@@ -60,6 +63,7 @@ from openforge.sandbox.protocol import (
 if TYPE_CHECKING:
     from openforge.harness import Command
     from openforge.sandbox.agent import AgentExit
+    from openforge.sandbox.view import View
     from openforge.types import RolloutResult
 
 SUPERVISOR, AGENT, VERIFIER = "supervisor", "agent", "verifier"
@@ -120,8 +124,15 @@ def supervise() -> int:
     pending: list[socket.socket] = []  # the verifier's call, answered once scored
 
     def launch(command: Command, env: dict[str, str], stdout: Path, stderr: Path,
-               timeout_s: float) -> AgentExit:
+               timeout_s: float, view: View) -> AgentExit:
         nonlocal handed_over
+        shown = shown_hidden(view.hidden)
+        if shown:
+            return AgentExit(returncode=None, timed_out=False, duration_s=0.0, setup_error=(
+                "the agent's container would show the environment's hidden folder(s) "
+                f"{', '.join(shown)}: the Pod empties the folders the runner found, so the "
+                "image must install the environment at the same paths as the runner "
+                "(docs/sandboxing.md)"))
         _write_json(agent_dir / COMMAND, {
             "argv": command.argv, "env": env, "cwd": str(command.cwd or agent_dir),
             "stdin": command.stdin, "deadline": time.time() + max(timeout_s, 0.1)})
@@ -154,6 +165,14 @@ def supervise() -> int:
         _skip_agent(agent_dir, trusted)
     _serve(server, result, key=key, pending=pending)
     return 0
+
+
+def shown_hidden(hidden: list[str]) -> list[str]:
+    """The hidden folders (as this container, of the same image as the agent's, finds them)
+    that the Pod does not empty in the agent's container: the executor found the hidden
+    folders on the runner's machine, and mounts an empty folder at each."""
+    emptied = {os.path.realpath(p) for p in json.loads(os.environ.get(HIDDEN_ENV) or "[]")}
+    return [h for h in hidden if os.path.realpath(h) not in emptied]
 
 
 def _listen(server: socket.socket) -> None:
@@ -214,15 +233,37 @@ def _serve(server: socket.socket, result: RolloutResult | None, error: str = "",
 
 
 def run_agent() -> int:
-    """Run the command the supervisor wrote; record how it ended; exit 0 (unless killed).
+    """Run the command the supervisor wrote; record how it ended; exit 0 whatever the agent did.
 
-    Standard library only (it starts in milliseconds): when this process, the container's
-    first, exits, the kernel ends every process the harness left in the container.
+    Standard library only (it starts in milliseconds). The Pod runs this as the container's
+    first process (its `command`, not under the image's init): PID 1 of the container's PID
+    namespace, to which the kernel delivers no SIGKILL or SIGSTOP from inside and no signal
+    it does not handle, and undumpable (a process of the same user cannot trace it or reach
+    its descriptors). So nothing the agent runs can end it early: an agent container that
+    exits otherwise would fail the Pod, an attempt the executor could not score
+    (docs/sandboxing.md, 'Kubernetes: the agent's own container'). When it exits, the
+    kernel ends every process the harness left in the container.
     """
+    from openforge.executors.process import make_undumpable
+
+    make_undumpable()
+    # Python's own SIGINT handler would raise in here: as PID 1, a signal with the default
+    # action is never delivered from inside (and the harness inherits the default).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     agent_dir = _dir(AGENT_DIR_ENV)
     task = _read_json(agent_dir / COMMAND)
     if not task or task.get("skip"):
         return 0
+    record = _run_harness(task, agent_dir)
+    try:
+        _write_json(agent_dir / EXIT, record)
+    except OSError as exc:  # the agent filled its volume or put something in the way
+        print(f"cannot record how the harness ended: {exc}", file=sys.stderr)
+    return 0
+
+
+def _run_harness(task: dict[str, Any], agent_dir: Path) -> dict[str, Any]:
+    """Run the harness to its end, its deadline or the Pod's SIGTERM; how it ended."""
     env = dict(os.environ)
     env.update(task.get("env") or {})
     stdin = task.get("stdin")
@@ -237,27 +278,36 @@ def run_agent() -> int:
                 start_new_session=True)
         except OSError as exc:  # the program cannot be started: the harness's own failure
             err.write(f"cannot start the harness: {exc}\n".encode())
-            _write_json(agent_dir / EXIT, {"returncode": 127, "timed_out": False})
-            return 0
-
-        def stop(*_: Any) -> None:  # the Pod is being deleted
-            _end_group(proc)
-            sys.exit(143)
-
-        signal.signal(signal.SIGTERM, stop)
+            return {"returncode": 127, "timed_out": False}
+        stopping: list[int] = []
+        # The Pod is being deleted (or the agent sent it: then it ended its own harness).
+        signal.signal(signal.SIGTERM, lambda signum, _: stopping.append(signum))
         if stdin is not None and proc.stdin is not None:
             with contextlib.suppress(BrokenPipeError):
                 proc.stdin.write(stdin.encode())
                 proc.stdin.close()
-        timed_out = False
-        try:
-            proc.wait(timeout=max(float(task["deadline"]) - time.time(), 0.1))
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        ended = _wait_reaping(proc, float(task["deadline"]), stopping)
         _end_group(proc)
-    _write_json(agent_dir / EXIT, {"returncode": proc.returncode, "timed_out": timed_out,
-                                   "duration_s": time.monotonic() - started})
-    return 0
+    return {"returncode": proc.returncode, "timed_out": not ended and not stopping,
+            "duration_s": time.monotonic() - started}
+
+
+def _wait_reaping(proc: subprocess.Popen[bytes], deadline: float, stopping: list[int]) -> bool:
+    """Wait for the harness until `deadline` (wall clock) or a SIGTERM; True if it ended.
+
+    As the container's first process this is the init of every orphan the harness leaves:
+    each is reaped as it ends, so none lingers as a zombie."""
+    while not stopping and time.time() < deadline:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            pid, status = 0, 0
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return True
+        if pid == 0:
+            time.sleep(0.05)
+    return False
 
 
 def _end_group(proc: subprocess.Popen[bytes]) -> None:

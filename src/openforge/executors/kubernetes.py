@@ -17,7 +17,9 @@ to `image_pull_timeout_s`; a ResourceQuota or an admission policy that refuses t
 waited out with back-off up to `admission_wait_s` (shown in the run's progress line, never
 burning tries); a node that is NotReady, gone, or a Pod in phase Unknown fails the attempt
 after `node_lost_s`, saying so; an eviction, a deadline, an OOM kill or a preemption is
-reported as such, not as the exit code it caused.
+reported as such, not as the exit code it caused. What the agent's own container brought
+about (an OOM kill of it, an eviction for writing past its volumes' size limits) is judged
+on the session's recorded calls, as a crashed harness is (`openforge.attribution`).
 
 Deletion is graceful first, always: a finished attempt's Secret is deleted (batched: one
 deletecollection for many attempts) and the garbage collector deletes its Pod; a Pod still
@@ -42,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import json
 import logging
 import os
 import random
@@ -52,9 +55,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from openforge.attribution import agents_own_end
+from openforge.environment import Environment
 from openforge.errors import OpenforgeError
 from openforge.executor import Executor
-from openforge.types import RolloutResult, RolloutSpec
+from openforge.rollout import build_plugin, fetch_calls
+from openforge.types import RewardResult, RolloutResult, RolloutSpec
 
 
 class KubernetesExecutorError(OpenforgeError):
@@ -85,6 +91,7 @@ from openforge.executors.k8s_pods import (  # noqa: E402
     spec_digest,
 )
 from openforge.executors.k8s_result import (  # noqa: E402
+    agents_storage_eviction,
     disruption,
     node_lost,
     parse_result,
@@ -212,6 +219,8 @@ class KubernetesExecutor(Executor):
         self._waiting: dict[str, str] = {}  # Pod name -> what it waits for (progress line)
         self.stats: Counter[str] = Counter()
         self._calls: Counter[str] = Counter()
+        # The environments whose hidden folders the Pods empty, by name and options.
+        self._environments: dict[str, Environment] = {}
         # Now, on the clock of the API server's timestamps (node loss is timed on it); the
         # event loop's clock times the rest. A seam: tests run both on a virtual clock.
         self.clock: Callable[[], float] = wall_clock
@@ -399,11 +408,30 @@ class KubernetesExecutor(Executor):
             return created
         owner = V1OwnerReference(api_version="v1", kind="Secret", name=name,
                                  uid=created["metadata"]["uid"], block_owner_deletion=False)
-        pod = build_pod(spec, self.options, owner)
+        pod = build_pod(spec, self.options, owner, hidden=self._hidden_paths(spec))
         made = await self._create_fresh(api, name, "Pod", lambda: api.create_pod(pod))
         if not isinstance(made, _Refused):
             self.stats["created"] += 1
         return made
+
+    def _hidden_paths(self, spec: RolloutSpec) -> list[str]:
+        """The environment's hidden folders for the spec's task (`Environment.hidden_paths`),
+        as found on this machine: the Pod empties them in the agent's container, which
+        assumes the image installs the environment at the same paths as the runner (the
+        supervisor, in the Pod, checks it). An environment whose `hidden_paths` raises is
+        left to the supervisor, which reports it as a plugin error, as on a local machine."""
+        key = json.dumps([spec.environment, spec.environment_options], sort_keys=True,
+                         default=str)
+        try:
+            if key not in self._environments:
+                self._environments[key] = build_plugin("environment", spec.environment,
+                                                       spec.environment_options)
+            hidden = self._environments[key].hidden_paths(spec.task)
+        except Exception:  # noqa: BLE001 - the supervisor makes the same call, and says so
+            log.warning("could not list the hidden folders of environment %s", spec.environment,
+                        exc_info=True)
+            return []
+        return sorted({os.path.abspath(p) for p in hidden})
 
     async def _create_fresh(self, api: KubeApi, name: str, what: str,
                             create: Callable[[], Awaitable[Obj]]) -> Obj | _Refused:
@@ -583,6 +611,8 @@ class KubernetesExecutor(Executor):
                        failed: Any) -> RolloutResult:
         """The finished Pod's result, from its verifier container only; else why it has none
         (the Pod-level reason first)."""
+        if over := agents_storage_eviction(pod):
+            return await self._agent_container_ended(spec, name, over, failed)
         cause = pod_level_cause(pod)
         if cause is not None:
             return failed(cause.status, f"Pod {name} {cause.message}")
@@ -605,13 +635,34 @@ class KubernetesExecutor(Executor):
             return forgery.mark(result, "the agent container's termination message", forged) \
                 if forged else result
         if agent and agent.get("exitCode") != 0:
-            return failed("infra_error", f"Pod {name}: the agent container was killed (exit "
-                          f"code {agent.get('exitCode')}, {agent.get('reason') or 'no reason'}); "
-                          "no result")
+            return await self._agent_container_ended(
+                spec, name, f"the agent container was killed (exit code {agent.get('exitCode')}, "
+                f"{agent.get('reason') or 'no reason'})", failed)
         phase = (pod.get("status") or {}).get("phase")
         detail = (tail or verifier.get("message") or "").strip()[-1500:]
         return failed("infra_error", f"Pod {name} ended {phase} without a result (verifier "
                       f"exit code {verifier.get('exitCode')})" + (f": {detail}" if detail else ""))
+
+    async def _agent_container_ended(self, spec: RolloutSpec, name: str, how: str,
+                                     failed: Any) -> RolloutResult:
+        """The Pod failed, before anything was scored, for what the agent's container did
+        (`how`): it was killed (its launcher, the container's first process, exits 0
+        whatever the agent does: only something like the OOM killer ends all of it), or the
+        kubelet evicted the Pod because the agent wrote past a storage limit of its own.
+
+        Whose end it was is decided as for a harness that crashed on a local machine
+        (`openforge.attribution`, on the calls read with the scoring credential): the
+        infrastructure's stays `infra_error`, retried. The agent's own cannot be scored (its
+        final state and the supervisor went with the Pod), and were it retried, a policy
+        would drop its 0s this way: `harness_error`, reward 0, labelled `unscored`.
+        """
+        own = await asyncio.to_thread(_agents_own_crash, spec)
+        if own is None:
+            return failed("infra_error", f"Pod {name}: {how}; no result")
+        unscored = "the Pod failed with the agent's container: its final state was not scored"
+        return failed("harness_error", f"Pod {name}: {how}; {own}; {unscored}, reward 0") \
+            .model_copy(update={"reward": RewardResult(score=0.0, passed=False,
+                                                       details={"unscored": unscored})})
 
     async def _remove(self, scope: _RunScope, spec: RolloutSpec, name: str, pod: Obj | None,
                       queue: asyncio.Queue[tuple[str, Obj]]) -> None:
@@ -669,11 +720,29 @@ class KubernetesExecutor(Executor):
             except Exception as exc:
                 log.warning("cleanup of run %s incomplete: %s", scope.run_id, exc)
         self._scopes.clear()
+        for environment in self._environments.values():
+            with contextlib.suppress(Exception):
+                environment.close()
+        self._environments.clear()
         if self._nodes is not None:
             await self._nodes.stop()
             self._nodes = None
         await api.close()
         self._api = None
+
+
+def _agents_own_crash(spec: RolloutSpec) -> str | None:
+    """Why the end of the attempt's harness was the agent's own doing
+    (`attribution.agents_own_end` on the session's recorded calls), or None: the
+    infrastructure's, or nothing to tell (no scoring credential: a resumed try keeps only
+    its hash; a gateway that does not answer)."""
+    if not spec.scoring_token or not spec.session_id:
+        return None
+    try:
+        calls = fetch_calls(spec)
+    except Exception:  # noqa: BLE001 - the gateway did not answer: the infrastructure's
+        return None
+    return agents_own_end("crashed", calls)
 
 
 def _check_kubeconfig(path: Path | None) -> None:

@@ -51,6 +51,9 @@ AGENT_DIR_ENV = "OPENFORGE_AGENT_DIR"
 # The supervisor's and the verifier's: the volume only the trusted containers mount (the
 # supervisor's socket).
 TRUSTED_DIR_ENV = "OPENFORGE_TRUSTED_DIR"
+# The supervisor's: the folders the Pod empties in the agent's container (a JSON list: the
+# environment's hidden folders, as the executor found them), checked against its own.
+HIDDEN_ENV = "OPENFORGE_HIDDEN_PATHS"
 # The verifier's: where the kubelet reads its termination message (the result).
 TERMINATION_LOG_ENV = "OPENFORGE_TERMINATION_LOG"
 # A gateway worker process (openforge.gateway.workers): its config and admin key, from the
