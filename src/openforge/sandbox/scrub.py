@@ -20,6 +20,7 @@ Pod's workspace volume), its workspace.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from collections.abc import Iterable
 from pathlib import Path
@@ -85,3 +86,29 @@ def tally(removed: list[str]) -> dict[str, int]:
     links = sum(1 for why in removed if why.endswith(_LINK))
     counts = {LINKS: links, SPECIAL_FILES: len(removed) - links}
     return {name: n for name, n in counts.items() if n}
+
+
+def fresh_path(workspace: Path, relpath: str | Path) -> Path:
+    """`workspace/relpath` with nothing there yet, under real folders of the workspace.
+
+    What the trusted side writes into the workspace after the agent (a grader's files, the
+    screenshots a judge sees, a judge log, a benchmark's result folder) must land there and
+    hold only its own content. Whatever the agent left at the path or in its way goes first:
+    a link (else the write follows it out of the workspace, onto any file the host can
+    write), a file or folder where a folder must be (else the write fails and a scored
+    attempt becomes an environment error), files of its own in the folder (else they pass
+    for the trusted side's).
+    """
+    path = workspace
+    parts = Path(relpath).parts
+    for part in parts[:-1]:
+        path = path / part
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            path.unlink()
+        path.mkdir(exist_ok=True)
+    target = path / parts[-1]
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target)
+    elif target.exists() or target.is_symlink():
+        target.unlink()
+    return target

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from openforge.harness import McpServer
+from openforge.sandbox.scrub import fresh_path
 
 from openforge_claw.claweval import checkout, services, snapshot
 from openforge_claw.claweval.bridge import TOOLS_FILE
@@ -52,7 +53,7 @@ class ClawEvalRollout:
         for rel in dict.fromkeys([*self.spec.sandbox_files, *self.spec.attachments]):
             source = checkout.require(checkout.resolve_task_file(root, task_dir, rel), rel,
                                       self.spec.task_id)
-            target = snapshot.fresh_path(workspace, rel)
+            target = fresh_path(workspace, rel)
             if source.is_dir():
                 shutil.copytree(source, target)
             else:

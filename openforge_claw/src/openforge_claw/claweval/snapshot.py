@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from openforge.sandbox.scrub import fresh_path
+
 from openforge_claw import check_sandbox
 from openforge_claw.claweval import checkout
 from openforge_claw.claweval.spec import CONTAINER_WORKSPACE, ClawEvalTask
@@ -105,27 +107,6 @@ def _in_workspace(workspace: Path, pattern: str) -> str:
 def _as_container(workspace: Path, path: str) -> str:
     rel = os.path.relpath(path, workspace)
     return CONTAINER_WORKSPACE if rel == "." else f"{CONTAINER_WORKSPACE}/{rel}"
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-
-
-def fresh_path(workspace: Path, rel: str) -> Path:
-    """`workspace/rel` made safe to write: whatever the agent put on the way (a symlink
-    out of the workspace, a file where a folder belongs) is removed first."""
-    current = workspace
-    for part in Path(rel).parts[:-1]:
-        current = current / part
-        if current.is_symlink() or (current.exists() and not current.is_dir()):
-            _remove(current)
-        current.mkdir(exist_ok=True)
-    target = current / Path(rel).name
-    _remove(target)
-    return target
 
 
 def collect(spec: ClawEvalTask, workspace: Path, python: str = sys.executable) -> dict[str, Any]:
