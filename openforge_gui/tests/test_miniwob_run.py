@@ -17,6 +17,7 @@ from openforge.config import EngineConfig, RunConfig
 from openforge.runner import read_results, run_from_config
 from openforge.store import Store
 from openforge.trajectory import build_samples
+from openforge_gui.actions import parse_action
 from openforge_gui.miniwob import SAMPLES, MiniWobEnvironment, registered
 
 SOLUTIONS = Path(__file__).parents[1] / "src" / "openforge_gui" / "solutions"
@@ -154,3 +155,28 @@ def test_openforge_run_accepts_any_registered_task(tmp_path: Path) -> None:
                        runs_dir=tmp_path, concurrency=2, timeout_s=120)
     records = read_results(run_from_config(config).run_dir)
     assert {r.task_id: (r.status, r.reward) for r in records} == {t: ("ok", 0.0) for t in tasks}
+
+
+def test_a_browser_that_crashed_scores_zero_not_an_error(tmp_path: Path) -> None:
+    """Chromium killed under a MiniWoB episode (as a crash would): the step that finds it
+    gone ends the episode, and the final state is scored 0 instead of raising (which would
+    make the attempt an environment error, never scored)."""
+    import psutil
+
+    env = MiniWobEnvironment()
+    task = next(t for t in env.tasks() if t.id == "click-test")
+    env.prepare(task, tmp_path)
+    try:
+        assert env.episode is not None
+        assert env.episode.act(parse_action("scroll(10, 10, 0, 10)")).ok
+        for proc in psutil.Process().children(recursive=True):
+            if "chrom" in proc.name():
+                proc.kill()
+        result = env.episode.act(parse_action("click(80, 120)"))
+        state = env.final_state(task, tmp_path)
+    finally:
+        env.close()
+    assert result.done and not result.ok and "browser is gone" in (result.error or "")
+    assert state["episode"]["ended_by"] == "screen_gone" and "gone" in state["screen_gone"]
+    verdict = env.check(task, tmp_path, state)
+    assert verdict.score == 0.0 and not verdict.details["done"]

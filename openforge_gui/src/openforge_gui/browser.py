@@ -4,7 +4,9 @@ Playwright's own browser downloads are never used: the browser is the system's
 `chromium-headless-shell` (or `chromium`), found at the usual Debian paths, on `$PATH`, or
 given as the `chromium` option / `$OPENFORGE_CHROMIUM`. Each `BrowserComputer` launches
 its own browser (Playwright gives every launch a fresh temporary profile) and one
-context, so nothing leaks between rollouts; the network is whatever the sandbox allows.
+context, so nothing leaks between rollouts. The browser runs on the trusted side, on the
+host's network: all of its traffic goes through its own `EgressProxy` (`egress.py`), which
+lets it reach the public web and the task's own sites, never the host's other services.
 
 Playwright's sync API must be driven from the thread that started it, while the computer
 API serves requests from its own threads: every browser call is therefore run on one
@@ -15,14 +17,17 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, TypeVar
 
 from openforge.errors import OpenforgeError
 from openforge_gui.actions import Action
-from openforge_gui.computer import ActionFailed, Computer
+from openforge_gui.computer import ActionFailed, Computer, ScreenGone
+from openforge_gui.egress import EgressProxy
 
 T = TypeVar("T")
 
@@ -33,6 +38,11 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--disable-dev-shm-usage"]
 URL_SCHEMES = ("http://", "https://")
+# Seconds one browser call may take before the browser counts as hung. Each action bounds its
+# own waits (`action_timeout_s`, `wait` at most 30 s); only a page that never yields its
+# thread (a script in an endless loop) outlasts this, and it would hold every later call,
+# the final state's included, for ever.
+CALL_TIMEOUT_S = 60.0
 
 
 class BrowserMissingError(OpenforgeError):
@@ -67,21 +77,80 @@ class BrowserComputer(Computer):
     """
 
     def __init__(self, width: int = 1280, height: int = 800, chromium: str | None = None,
-                 action_timeout_s: float = 5.0, allow_goto: bool = True) -> None:
+                 action_timeout_s: float = 5.0, allow_goto: bool = True,
+                 call_timeout_s: float | None = None,
+                 allowed_hosts: Iterable[str] = ()) -> None:
         self.width, self.height = width, height
         self.timeout_ms = action_timeout_s * 1000
         self.allow_goto = allow_goto
+        self.call_timeout_s = call_timeout_s or CALL_TIMEOUT_S
+        # Why the browser can no longer be used (it crashed, or hung and was stopped).
+        self.gone: str | None = None
+        # A switch Chromium ignores, on this browser's command line only: it finds the
+        # process to stop when the page hangs.
+        self._marker = f"--openforge-screen={uuid.uuid4().hex}"
         executable = find_chromium(chromium)
+        # The task's start page is allowed when opened (`open`); `allowed_hosts` adds the
+        # other private origins its site needs (an intranet deployment's assets).
+        self.egress = EgressProxy(allowed_hosts)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="browser")
         try:
             self._call(lambda: self._launch(executable))
         except Exception:
             self._worker.shutdown(wait=False)
+            self.egress.close()
             raise
 
     def _call(self, fn: Callable[[], T]) -> T:
-        """Run `fn` on the browser's own thread and return its result (or raise its error)."""
-        return self._worker.submit(fn).result()
+        """Run `fn` on the browser's own thread and return its result (or raise its error).
+
+        A browser that died, or did not answer within `call_timeout_s` (then it is stopped,
+        which frees the thread), raises `ScreenGone`, now and on every later call: the
+        computer API answers it as an error, and the final state records it instead of
+        waiting on a page that never answers.
+        """
+        from playwright.sync_api import Error as PlaywrightError
+
+        if self.gone is not None:
+            raise ScreenGone(self.gone)
+        future = self._worker.submit(fn)
+        try:
+            return future.result(timeout=self.call_timeout_s)
+        except FutureTimeout:
+            self.gone = (f"the browser did not answer within {self.call_timeout_s:g} s (a page "
+                         "that hangs): it was stopped")
+            self._stop_chromium()
+            raise ScreenGone(self.gone) from None
+        except PlaywrightError:
+            if not self._chromium_alive():
+                self.gone = "the browser is gone (it crashed or was killed)"
+                raise ScreenGone(self.gone) from None
+            raise
+
+    def _chromium_processes(self) -> list[Any]:
+        import psutil
+
+        found = []
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                if self._marker in proc.cmdline():
+                    found.append(proc)
+            except psutil.Error:  # it ended meanwhile
+                pass
+        return found
+
+    def _chromium_alive(self) -> bool:
+        return bool(self._chromium_processes())
+
+    def _stop_chromium(self) -> None:
+        """Kill this browser's Chromium: its pipe closes, and the call stuck on it returns."""
+        import psutil
+
+        for proc in self._chromium_processes():
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
 
     def _launch(self, executable: str) -> None:
         from playwright.sync_api import sync_playwright
@@ -89,7 +158,8 @@ class BrowserComputer(Computer):
         self._playwright = sync_playwright().start()
         try:
             self._browser = self._playwright.chromium.launch(
-                executable_path=executable, headless=True, args=CHROMIUM_ARGS)
+                executable_path=executable, headless=True,
+                args=[*CHROMIUM_ARGS, *self.egress.chromium_args(), self._marker])
             self._context = self._browser.new_context(
                 viewport={"width": self.width, "height": self.height}, device_scale_factor=1)
             self._context.set_default_timeout(self.timeout_ms)
@@ -101,7 +171,9 @@ class BrowserComputer(Computer):
     # --- used by environments (on any thread) --------------------------------------------
 
     def open(self, url: str) -> None:
-        """Navigate to the task's start page (any scheme: the environment chose it)."""
+        """Navigate to the task's start page (any scheme: the environment chose it, so its
+        origin is reachable whatever its address)."""
+        self.egress.allow(url)
         self._call(lambda: self.page.goto(url, wait_until="load"))
 
     def add_style(self, css: str) -> None:
@@ -166,6 +238,10 @@ class BrowserComputer(Computer):
                 self._playwright.stop()
 
         try:
-            self._call(stop)
+            # A stopped browser's thread is free again, so `stop` can still run on it.
+            self._worker.submit(stop).result(timeout=self.call_timeout_s)
+        except Exception:  # noqa: BLE001 - a browser that is gone has nothing left to close
+            self._stop_chromium()
         finally:
-            self._worker.shutdown(wait=True)
+            self._worker.shutdown(wait=False)
+            self.egress.close()

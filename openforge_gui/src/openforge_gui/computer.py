@@ -30,19 +30,24 @@ import shutil
 import tempfile
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import httpx
 from pydantic import BaseModel, Field, ValidationError
 
 from openforge.environment import Environment
 from openforge.options import PluginOptions
+from openforge.sandbox.scrub import fresh_path
 from openforge.types import Task
 from openforge_gui.actions import ACTION_ADAPTER, FINAL_TYPES, Action, format_action
 
+T = TypeVar("T")
+D = TypeVar("D")
 CONFIG_RELPATH = Path(".openforge") / "computer.json"
+SCREENS_RELPATH = Path(".openforge") / "screens"
 MAX_BODY_BYTES = 1 << 20
 
 
@@ -130,6 +135,12 @@ class ActionFailed(Exception):
     """The screen could not perform an action (no such element, navigation error...)."""
 
 
+class ScreenGone(ActionFailed):
+    """The screen itself is gone: its browser crashed, or hung and was stopped. The computer
+    API answers it as an error (a harness that stops on it is judged by the usual rule,
+    `openforge.attribution`); the final state records it and keeps what was captured."""
+
+
 class Episode:
     """A `Computer` plus the rules of an episode: step count, step limit, answer, history.
 
@@ -147,7 +158,8 @@ class Episode:
         self.done = False
         self.answer: str | None = None
         self.failed: str | None = None
-        # What ended the episode: "answer", "fail", "task" (the screen says so), "step_limit".
+        # What ended the episode: "answer", "fail", "task" (the screen says so), "step_limit",
+        # "screen_gone" (the browser crashed, or hung and was stopped).
         self.ended_by: str | None = None
         self.history: list[HistoryEntry] = []
         self._lock = threading.Lock()
@@ -176,26 +188,38 @@ class Episode:
                     self.computer.perform(action)
                 except ActionFailed as exc:
                     error = str(exc).splitlines()[0][:500] if str(exc) else "action failed"
-            if action.type in FINAL_TYPES:
-                self.ended_by = action.type
-            elif self.computer.finished():
-                self.ended_by = "task"
-            elif self.step >= self.max_steps:
-                self.ended_by = "step_limit"
-            self.done = self.ended_by is not None
-            url, _ = self.computer.location()
             entry = HistoryEntry(step=self.step, action=action.model_dump(),
-                                 action_text=format_action(action), ok=error is None,
-                                 error=error, url=url)
-            if self.keep_screens is not None:
-                self.keep_screens.mkdir(parents=True, exist_ok=True)
-                path = self.keep_screens / f"step-{self.step}.png"
-                png = self.computer.screenshot()[0]
-                path.write_bytes(png)
-                entry.screenshot = str(path)
-                entry.screenshot_sha256 = hashlib.sha256(png).hexdigest()
+                                 action_text=format_action(action), ok=error is None, error=error)
+            try:
+                self.ended_by = self._end(action)
+                self._record_screen(entry)
+            except ScreenGone as exc:  # a screen that is gone ends the episode; the step stays
+                entry.ok, entry.error = False, str(exc)[:500]
+                self.ended_by = "screen_gone"
+            self.done = self.ended_by is not None
             self.history.append(entry)
-            return ActionResult(ok=error is None, error=error, done=self.done, step=self.step)
+            return ActionResult(ok=entry.ok, error=entry.error, done=self.done, step=self.step)
+
+    def _end(self, action: Action) -> str | None:
+        """What ends the episode after `action`, if anything."""
+        if action.type in FINAL_TYPES:
+            return action.type
+        if self.computer.finished():
+            return "task"
+        if self.step >= self.max_steps:
+            return "step_limit"
+        return None
+
+    def _record_screen(self, entry: HistoryEntry) -> None:
+        """The screen after the step: its URL and, when kept, its screenshot."""
+        entry.url, _ = self.computer.location()
+        if self.keep_screens is not None:
+            self.keep_screens.mkdir(parents=True, exist_ok=True)
+            path = self.keep_screens / f"step-{self.step}.png"
+            png = self.computer.screenshot()[0]
+            path.write_bytes(png)
+            entry.screenshot = str(path)
+            entry.screenshot_sha256 = hashlib.sha256(png).hexdigest()
 
     def summary(self) -> dict[str, Any]:
         """The episode for `final_state`: steps, answer, failure, history."""
@@ -399,9 +423,18 @@ class ComputerEnvironment(Environment):
             return {}
         summary = self.episode.summary()
         if self._screens is not None:
-            summary["history"] = _show_screens(summary["history"],
-                                               workspace / ".openforge" / "screens")
+            summary["history"] = _show_screens(summary["history"], workspace)
         return {"episode": summary}
+
+    def read_screen(self, state: dict[str, Any], read: Callable[[], T], default: D) -> T | D:
+        """`read()` of the screen for the final state, or `default` when the screen is gone
+        (`screen_gone` in `state` says why): an attempt that broke its screen is scored on
+        what was captured, never turned into an error of the environment."""
+        try:
+            return read()
+        except ScreenGone as exc:
+            state["screen_gone"] = str(exc)
+            return default
 
     def close(self) -> None:
         if self.server is not None:
@@ -415,19 +448,13 @@ class ComputerEnvironment(Environment):
             self._screens = None
 
 
-def _show_screens(history: list[dict[str, Any]], folder: Path) -> list[dict[str, Any]]:
-    """`history` with each kept screenshot copied into `folder` (what the agent left there is
-    not evidence: it goes first). A screenshot whose bytes are no longer those captured
-    (without isolation the agent could reach the private folder) is not shown to anyone:
-    its entry keeps no path, and says so in `screenshot_changed`."""
-    # A file, a link or a folder: whatever the agent left where the copies go (a file there
-    # must not turn a scored attempt into an environment failure).
-    for path in (folder.parent, folder):
-        if path.is_symlink() or (path.exists() and not path.is_dir()):
-            path.unlink()
-    if folder.is_dir():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+def _show_screens(history: list[dict[str, Any]], workspace: Path) -> list[dict[str, Any]]:
+    """`history` with each kept screenshot copied into the workspace's `.openforge/screens/`.
+    A screenshot whose bytes are no longer those captured (without isolation the agent could
+    reach the private folder) is not shown to anyone: its entry keeps no path, and says so
+    in `screenshot_changed`."""
+    folder = fresh_path(workspace, SCREENS_RELPATH)
+    folder.mkdir()
     shown = []
     for entry in history:
         entry = dict(entry)
@@ -446,4 +473,4 @@ def _show_screens(history: list[dict[str, Any]], folder: Path) -> list[dict[str,
 
 __all__ = ["ActionFailed", "ActionResult", "Computer", "ComputerAPIError", "ComputerClient",
            "ComputerConfig", "ComputerEnvironment", "ComputerServer", "Episode", "HistoryEntry",
-           "Observation", "CONFIG_RELPATH"]
+           "Observation", "ScreenGone", "CONFIG_RELPATH"]

@@ -219,7 +219,8 @@ class MiniWobEnvironment(ComputerEnvironment):
         if self.episode is not None:
             computer = self.episode.computer
             assert isinstance(computer, MiniWobComputer)
-            state["miniwob"] = computer.page_state()
+            # A page that is gone has not scored: `check` gives it 0.
+            state["miniwob"] = self.read_screen(state, computer.page_state, {})
         return state
 
     def check(self, task: Task, workspace: Path, final_state: dict[str, Any]) -> RewardResult:

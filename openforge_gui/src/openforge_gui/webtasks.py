@@ -124,6 +124,9 @@ class WebTaskOptions(ComputerOptions):
     """Browser viewport height."""
     chromium: str | None = None
     """The Chromium binary (default: found on PATH)."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """URLs whose origins the browser may reach although they are not public addresses (the
+    start page's own origin always is): an intranet deployment's other sites."""
 
 
 class WebTaskEnvironment(ComputerEnvironment):
@@ -153,7 +156,8 @@ class WebTaskEnvironment(ComputerEnvironment):
         return str(task.data["start_url"])
 
     def open_computer(self, task: Task, workspace: Path) -> BrowserComputer:
-        computer = BrowserComputer(self.width, self.height, chromium=self.options.chromium)
+        computer = BrowserComputer(self.width, self.height, chromium=self.options.chromium,
+                                   allowed_hosts=self.options.allowed_hosts)
         try:
             computer.open(self.start_url(task))
         except Exception:
@@ -165,7 +169,12 @@ class WebTaskEnvironment(ComputerEnvironment):
         state = super().final_state(task, workspace)
         state["task_text"] = task.data.get("task_text", task.prompt)
         if self.episode is not None:
-            state["final_url"], state["final_title"] = self.episode.computer.location()
+            computer = self.episode.computer
+            state["final_url"], state["final_title"] = self.read_screen(
+                state, computer.location, (None, None))
+            if isinstance(computer, BrowserComputer) and computer.egress.refused_count:
+                state["egress_refused"] = {"count": computer.egress.refused_count,
+                                           "first": list(computer.egress.refused)}
         return state
 
 

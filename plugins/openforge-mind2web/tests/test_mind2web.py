@@ -74,6 +74,31 @@ def test_the_result_layout_keeps_the_answer_out_of_the_action_history(tmp_path: 
         "0_full_screenshot.png", "1_full_screenshot.png"]
 
 
+def test_what_the_agent_left_in_the_result_folder_is_not_the_benchmarks_input(
+        tmp_path: Path) -> None:
+    """An agent that can write its workspace plants a screenshot in its result folder (the
+    benchmark's scripts would judge it), and links the folder's parent out of the workspace
+    (the result would be written onto the host): neither survives `write_result`."""
+    shot = tmp_path / "s.png"
+    shot.write_bytes(b"\x89PNG captured")
+    episode = {"answer": "$12", "failed": False, "history": [
+        {"step": 1, "action": {"type": "click"}, "action_text": "click(1, 2)",
+         "screenshot": str(shot)}]}
+    workspace = tmp_path / "ws"
+    planted = workspace / ".openforge" / "mind2web" / "t" / "trajectory"
+    planted.mkdir(parents=True)
+    (planted / "7_full_screenshot.png").write_bytes(b"\x89PNG forged success page")
+    folder = write_result(_task("https://www.mugshop.example/"), episode, workspace)
+    assert [p.name for p in (folder / "trajectory").iterdir()] == ["0_full_screenshot.png"]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (workspace / ".openforge" / "mind2web").rename(tmp_path / "old")
+    (workspace / ".openforge" / "mind2web").symlink_to(outside)
+    folder = write_result(_task("https://www.mugshop.example/"), episode, workspace)
+    assert list(outside.iterdir()) == [] and not folder.resolve().is_relative_to(outside)
+    assert (workspace / ".openforge" / "mind2web" / "t" / "result.json").is_file()
+
+
 def test_mind2web_judge_is_webjudge_with_the_benchmarks_default_model() -> None:
     assert Mind2WebJudgeReward().model == "openai/o4-mini"
     assert Mind2WebJudgeReward(model="openai/judge").model == "openai/judge"

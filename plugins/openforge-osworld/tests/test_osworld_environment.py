@@ -100,13 +100,20 @@ def test_computer_13_action_space(standin_vm: StandinVM, tmp_path: Path) -> None
     assert [e["call"] for e in events(standin_vm)] == ["click", "typewrite", "hotkey"]
 
 
-def test_screenshots_follow_the_vm_and_desktop_only_actions_are_refused(
-        standin_vm: StandinVM, tmp_path: Path) -> None:
+def _prepared(standin_vm: StandinVM, tmp_path: Path
+              ) -> tuple[OSWorldEnvironment, Task, Path]:
+    """The notes task prepared in a fresh workspace (the VM running, its screen served)."""
     env = OSWorldEnvironment(**standin_vm.environment_options())
     task = task_named(env, "standin-notes-save")
     workspace = tmp_path / "ws"
     workspace.mkdir()
     env.prepare(task, workspace)
+    return env, task, workspace
+
+
+def test_screenshots_follow_the_vm_and_desktop_only_actions_are_refused(
+        standin_vm: StandinVM, tmp_path: Path) -> None:
+    env, task, workspace = _prepared(standin_vm, tmp_path)
     try:
         client = ComputerClient.from_workspace(workspace)
         before = client.observation().screenshot
@@ -137,3 +144,19 @@ def test_a_worker_without_desktop_env_is_a_clear_error(standin_vm: StandinVM,
     with pytest.raises(DesktopError, match="start failed: ModuleNotFoundError"):
         env.prepare(task, tmp_path)
     env.close()
+
+
+def test_desktop_envs_cache_is_out_of_the_agents_reach(standin_vm: StandinVM,
+                                                       tmp_path: Path) -> None:
+    """DesktopEnv's getters take a file already in its cache for the download (OSWorld's
+    `get_cloud_file` fetches the expected file only when it is not there): by default the
+    cache is the rollout's own folder outside the workspace, and goes with the rollout."""
+    env, task, workspace = _prepared(standin_vm, tmp_path)
+    try:
+        cache = Path(env.desktop_options(workspace)["cache_dir"])
+        assert not cache.resolve().is_relative_to(workspace.resolve())
+        assert (cache / task.id).is_dir()  # DesktopEnv.reset made the task's cache there
+        assert not list(workspace.rglob("*cache*"))
+    finally:
+        env.close()
+    assert not cache.exists()

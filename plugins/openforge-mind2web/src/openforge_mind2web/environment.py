@@ -30,6 +30,7 @@ from typing import Any
 from openforge_gui.webtasks import WebTaskEnvironment, WebTaskOptions, load_online_mind2web
 from pydantic import Field
 
+from openforge.sandbox.scrub import fresh_path
 from openforge.types import Task
 
 ENV_NAME = "online-mind2web"
@@ -76,9 +77,10 @@ def write_result(task: Task, episode: dict[str, Any], workspace: Path) -> Path:
     The answer is not part of `action_history` (the benchmark's rule): it is
     `final_result_response`.
     """
-    folder = workspace / RESULT_DIR / task.id
+    # The benchmark's scripts read this folder: nothing the agent left there may remain.
+    folder = fresh_path(workspace, RESULT_DIR / task.id)
     trajectory = folder / "trajectory"
-    trajectory.mkdir(parents=True, exist_ok=True)
+    trajectory.mkdir(parents=True)
     history = [h for h in episode["history"] if h["action"]["type"] not in ("answer", "fail")]
     for n, entry in enumerate(episode["history"]):
         if entry.get("screenshot") and Path(entry["screenshot"]).is_file():

@@ -11,8 +11,10 @@ DesktopEnv, and `evaluate()` runs the task's own evaluator: that is the `osworld
 from __future__ import annotations
 
 import base64
+import shutil
 import struct
 import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -93,7 +95,9 @@ class OSWorldOptions(ComputerOptions):
     provider: str = "docker"
     """DesktopEnv's provider_name: docker, vmware, virtualbox, aws, ..."""
     cache_dir: Path | None = None
-    """DesktopEnv's cache_dir (default: under the workspace)."""
+    """DesktopEnv's cache_dir (default: a folder of the rollout's own outside the workspace,
+    removed at its end). Never in the agent's reach: DesktopEnv's getters take a file
+    already there for the download, the expected file of `get_cloud_file` included."""
     screen_width: int = 1920
     """The VM's screen width."""
     screen_height: int = 1080
@@ -140,6 +144,7 @@ class OSWorldEnvironment(ComputerEnvironment):
                              f"not {self.action_space!r}")
         self.computer: OSWorldComputer | None = None
         self._score: float | None = None
+        self._cache: Path | None = None  # the default cache_dir, this rollout's own
 
     # --- tasks -------------------------------------------------------------------------
 
@@ -173,7 +178,7 @@ class OSWorldEnvironment(ComputerEnvironment):
         kwargs: dict[str, Any] = {
             "provider_name": opts.provider,
             "action_space": self.action_space,
-            "cache_dir": str(Path(opts.cache_dir or workspace / ".openforge" / "osworld-cache")),
+            "cache_dir": str(Path(opts.cache_dir) if opts.cache_dir else self._private_cache()),
             "screen_size": [opts.screen_width, opts.screen_height],
             "headless": True,
             "require_a11y_tree": False,
@@ -184,6 +189,14 @@ class OSWorldEnvironment(ComputerEnvironment):
             # A local VM file: absolute, since the worker runs in another working directory.
             kwargs["path_to_vm"] = str(Path(kwargs["path_to_vm"]).expanduser().resolve())
         return kwargs
+
+    def _private_cache(self) -> Path:
+        """The rollout's cache_dir outside the workspace: OSWorld's `get_cloud_file` skips
+        the download of a file already in the cache, so an expected (gold) file the agent
+        could place there would be the one its result is compared with."""
+        if self._cache is None:
+            self._cache = Path(tempfile.mkdtemp(prefix="openforge-osworld-cache-"))
+        return self._cache
 
     def open_computer(self, task: Task, workspace: Path) -> Computer:
         if "osworld" not in task.data:
@@ -234,6 +247,9 @@ class OSWorldEnvironment(ComputerEnvironment):
     def close(self) -> None:
         super().close()
         self.computer = None
+        if self._cache is not None:
+            shutil.rmtree(self._cache, ignore_errors=True)
+            self._cache = None
 
 
 def score_result(task: Task, raw: float, final_state: dict[str, Any]) -> RewardResult:
