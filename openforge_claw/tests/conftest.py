@@ -24,6 +24,18 @@ from openforge_claw.rewards import GraderReward
 
 SOLUTIONS = Path(__file__).resolve().parents[1] / "src/openforge_claw/solutions"
 
+# An agent's module that a QwenClawBench grader loads into its own process (as task_00059's
+# does): it finds the job (with the nonce) in the frames that called it, writes a perfect
+# result and ends the process before grade() returns.
+IN_PROCESS_FORGER = (
+    "import os, sys\n"
+    "frame = sys._getframe()\n"
+    "while frame is not None and not isinstance(frame.f_locals.get('job'), dict):\n"
+    "    frame = frame.f_back\n"
+    "nonce = frame.f_locals['job']['nonce']\n"
+    "os.write(1, (nonce + ' {\"ok\": true, \"scores\": {\"forged\": 1.0}}\\n').encode())\n"
+    "os._exit(0)\n")
+
 
 def _isolating_modes() -> list[object]:
     bwrap = bwrap_path()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import JudgeStandIn
+from conftest import IN_PROCESS_FORGER, JudgeStandIn
 from openforge.errors import OpenforgeError
 from openforge.types import Call, Task
 
@@ -308,7 +308,7 @@ def test_a_workspace_module_cannot_shadow_what_the_grader_imports(tmp_path: Path
 
 def test_a_module_the_grader_looks_for_in_the_workspace_is_the_agents_to_write(
         tmp_path: Path) -> None:
-    env = _env()
+    env = _env(agent_code_in_grader="score")  # its grader imports the agent's module
     task = _task(env, "task_00001_sum")
     _grader_prepended(task, "import sys\n"
                                  "def _solution(w):\n"
@@ -330,6 +330,7 @@ def test_a_module_the_grader_looks_for_in_the_workspace_is_the_agents_to_write(
     (ws / "sum.txt").write_text("60\n")
     verdict = env.check(task, ws, env.final_state(task, ws))
     assert verdict.details["automated_breakdown"]["correct"] == 1.0, verdict.details
+    assert str(ws / "solution.py") in verdict.details["agent_code_in_grader"]
 
 
 def test_a_grader_process_the_agents_code_ends_scores_0(tmp_path: Path) -> None:
@@ -349,9 +350,10 @@ def test_a_grader_process_the_agents_code_ends_scores_0(tmp_path: Path) -> None:
                "    subprocess.run([sys.executable, 'run.py'], cwd=w)\n    return {'a': 1.0}\n")
     result = qg.run_grader(running, [], ws, 60)
     assert result["kind"] == "died" and "started a program" in result["error"], result
-    score, criteria, error = qg.automated(
-        qg.QwenClawBenchGrading(grading_type="automated", code=running), [], ws, 60)
-    assert (score, criteria) == (0.0, {}) and error and error.startswith("died: ")
+    score, criteria, error, ran = qg.automated(
+        qg.QwenClawBenchGrading(grading_type="automated", code=running), [], ws,
+        qg.ScoringOptions(grader_timeout_s=60))
+    assert (score, criteria, ran) == (0.0, {}, None) and error and error.startswith("died: ")
     # A workspace the agent closed to everyone (the grader cannot even start in it): a 0 too.
     ws.chmod(0)
     try:
@@ -397,6 +399,135 @@ def test_a_program_the_grader_runs_cannot_read_the_nonce_from_its_memory(
             "    return {'real': 0.0, 'forge_failed': done.returncode != 0}\n")
     assert qg.run_grader(code, [], ws, 60) == {
         "ok": True, "scores": {"real": 0.0, "forge_failed": True}}
+
+
+# -- a grader that runs the agent's code in its own process ----------------------------------
+
+# The benchmark's task_00059 grades this way: the agent's module loaded by its path into the
+# grader's own process.
+LOADS_BY_PATH = (
+    "import importlib.util\n"
+    "def _load(w):\n"
+    "    spec = importlib.util.spec_from_file_location('submission', os.path.join(w, 'calc.py'))\n"
+    "    module = importlib.util.module_from_spec(spec)\n"
+    "    spec.loader.exec_module(module)\n"
+    "    return module\n")
+
+
+
+def test_how_a_grader_runs_agent_code_in_its_process_is_read_from_its_source() -> None:
+    assert qg.loads_code_in_process("import os\n" + LOADS_BY_PATH) == (
+        "spec_from_file_location() at line 4")
+    for code, how in [
+            ("import sys\nsys.path.insert(0, '/w')\nimport solution\n", "sys.path.insert() at line 2"),
+            ("import importlib\nm = importlib.import_module('solution')\n", "import_module() at line 2"),
+            ("def grade(t, w):\n    exec(open(w + '/s.py').read())\n", "exec() at line 2"),
+            ("m = __import__('solution')\n", "__import__() at line 1"),
+            ("import runpy\nrunpy.run_path('/w/s.py')\n", "run_path() at line 2"),
+            ("import ctypes\nctypes.CDLL('/w/lib.so')\n", "CDLL() at line 2"),
+            ("import sys\nsys.path = ['/w'] + sys.path\n", "an assignment to sys.path at line 2"),
+            ("import sys\nsys.path += ['/w']\n", "an assignment to sys.path at line 2")]:
+        assert qg.loads_code_in_process(code) == how, code
+    # A program it starts (task_00076 imports the agent's module in one), a regex, reading
+    # the agent's source: nothing of the agent's runs in the grader's own process.
+    program = ("import subprocess, sys\n"
+               "def grade(t, w):\n"
+               "    code = f'import sys\\nsys.path.insert(0, {w!r})\\nimport solution'\n"
+               "    subprocess.run([sys.executable, '-c', code])\n"
+               "    return {}\n")
+    reading = ("import re\nR = re.compile('def ')\n"
+               "def grade(t, w):\n    return {'defines': bool(R.search(open(w + '/s.py').read()))}\n")
+    for code in (program, reading, "def grade(t, w) return {}\n"):
+        assert qg.loads_code_in_process(code) is None
+    assert all(qg.loads_code_in_process(t.qwenclawbench.code) is None
+               for t in load_tasks(DATA) if t.qwenclawbench and t.qwenclawbench.code)
+
+
+def _loading_task_set(tmp_path: Path) -> Path:
+    """The fixture tasks, task_00001_sum's grader loading the agent's calc.py as task_00059
+    does (one more criterion: its ANSWER)."""
+    data = tmp_path / "qcb"
+    shutil.copytree(DATA, data)
+    md = data / "tasks" / "task_00001_sum.md"
+    text = md.read_text().replace("import re\n", "import re\n" + LOADS_BY_PATH, 1)
+    text = text.replace('        "correct": ', '        "answer": _load(workspace_path).ANSWER == 60,\n'
+                                              '        "correct": ')
+    md.write_text(text)
+    return data
+
+
+def test_a_task_whose_grader_runs_the_agents_module_is_skipped_unless_asked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = _loading_task_set(tmp_path)
+    assert [t.id for t in ClawEnvironment(path=str(data)).tasks()] == []
+    err = capsys.readouterr().err
+    assert ("1 skipped: its grader runs the agent's code in its own process "
+            "(spec_from_file_location() at line 5), where that code could write any result: "
+            "set environment_options.agent_code_in_grader=score") in err, err
+    env = ClawEnvironment(path=str(data), agent_code_in_grader="score")
+    task = _task(env, "task_00001_sum")
+    # Scored as the benchmark scores it, and labelled: an honest module...
+    ws = _prepared(env, task, tmp_path / "honest")
+    (ws / "calc.py").write_text("ANSWER = 60\n")
+    (ws / "sum.txt").write_text("60\n")
+    verdict = GraderReward().score(task, env, ws, env.final_state(task, ws), _solve_sum_calls())
+    assert verdict.passed and verdict.details["automated_breakdown"]["answer"] == 1.0
+    assert verdict.details["agent_code_in_grader"] == f"ran workspace code: {ws / 'calc.py'}"
+    # ...and why that is not the default: a module that writes its own result passes a task
+    # it did nothing for.
+    ws = _prepared(env, task, tmp_path / "forger")
+    (ws / "calc.py").write_text(IN_PROCESS_FORGER)
+    verdict = env.check(task, ws, env.final_state(task, ws))
+    assert verdict.passed and verdict.details["automated_breakdown"] == {"forged": 1.0}
+    assert "calc.py" in verdict.details["agent_code_in_grader"]
+
+
+def test_agent_code_a_grader_runs_unseen_in_its_source_is_never_a_score(tmp_path: Path) -> None:
+    """A grader whose source hides how it loads the agent's module: the runner tells the
+    trusted side before that code runs, and under the default the result is not taken (a
+    plugin error, as the forger's perfect result would otherwise stand)."""
+    env = _env()
+    task = _task(env, "task_00001_sum")
+    hidden = LOADS_BY_PATH.replace("importlib.util.spec_from_file_location(",
+                                   "getattr(importlib.util, 'spec_from_' + 'file_location')(")
+    hidden = hidden.replace("spec.loader.exec_module(module)",
+                            "getattr(spec.loader, 'exec_' + 'module')(module)")
+    assert qg.loads_code_in_process(hidden) is None
+    _grader_prepended(task, "import os\n" + hidden)
+    spec = task.data["claw"]["qwenclawbench"]
+    spec["code"] = spec["code"].replace('    path = os.path.join(workspace_path, "sum.txt")',
+                                        '    _load(workspace_path)\n'
+                                        '    path = os.path.join(workspace_path, "sum.txt")')
+    ws = _prepared(env, task, tmp_path / "ws")
+    (ws / "calc.py").write_text(IN_PROCESS_FORGER)
+    with pytest.raises(GraderError, match=r"ran the agent's code in its own process \(ran "
+                                          r"workspace code: .*calc.py\), where that code could "
+                                          r"write any result: not scored"):
+        env.check(task, ws, env.final_state(task, ws))
+
+
+def test_compiled_code_from_the_workspace_is_seen_whatever_file_it_names(tmp_path: Path) -> None:
+    """A sourceless module whose code claims to be the grader's own (`<automated checks>`)
+    or a library file: its opening is told, before it runs."""
+    import py_compile
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    source = tmp_path / "solution_src.py"
+    source.write_text("ANSWER = 60\n")
+    importing = ("def grade(t, w):\n    import sys\n    sys.path.insert(0, w)\n"
+                 "    import solution\n    return {'a': float(solution.ANSWER == 60)}\n")
+    for claimed in (qg.qwenclawbench_runner.GRADER_FILE, "/usr/lib/python3/json/__init__.py"):
+        py_compile.compile(str(source), cfile=str(ws / "solution.pyc"), dfile=claimed,
+                           doraise=True)
+        result = qg.run_grader(importing, [], ws, 60)
+        assert result["scores"] == {"a": 1.0}, result
+        assert result["agent_code"] == f"ran workspace code: opened compiled code {ws / 'solution.pyc'}"
+    # Reading the agent's source is no running of it.
+    (ws / "solution.pyc").unlink()
+    (ws / "solution.py").write_text("ANSWER = 60\n")
+    reading = "def grade(t, w):\n    return {'a': float('60' in open(w + '/solution.py').read())}\n"
+    assert qg.run_grader(reading, [], ws, 60) == {"ok": True, "scores": {"a": 1.0}}
 
 
 # -- transcripts -----------------------------------------------------------------------------

@@ -4,7 +4,8 @@ the scripted solutions in openforge_claw/solutions pass the benchmark's own grad
 `mini` (and, with OPENFORGE_E2E=1, through OpenClaw) and their wrong twins fail; pass@k and
 pass^k equal what the benchmark's own scripts/lib_grading.py computes from the same runs (all
 passing, and coin-flip trials that differ); a do-nothing policy is scored by every task's
-checks (on every fifth task) and passes none.
+checks (on every fifth task) and passes none; the one grader that runs the agent's module
+in its own process is skipped unless asked for.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import SOLUTIONS
+from conftest import IN_PROCESS_FORGER, SOLUTIONS
 
 from openforge_claw.tasks import load_tasks
 
@@ -148,3 +149,29 @@ def test_pass_k_equals_the_benchmarks_own_on_trials_that_differ(tmp_path: Path) 
     for i in range(1, 5):
         assert round(report["pass_at_k"][str(i)], 4) == theirs[f"pass@{i}"]
         assert round(report["pass_hat_k"][str(i)], 4) == theirs[f"pass^{i}"]
+
+
+def test_the_grader_that_runs_the_agents_module_in_its_process_is_skipped_unless_asked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """task_00059's grader loads the agent's discount_calculator.py into its own process
+    (`spec_from_file_location`), the only one of the 100 that does: code there can write any
+    result. Skipped by default with its reason; with agent_code_in_grader=score it is scored
+    as the benchmark does, and a module that writes its own result passes it."""
+    from openforge_claw.environment import ClawEnvironment
+
+    path = str(Path(ROOT or ".") / DATASET)
+    ids = [t.id for t in ClawEnvironment(path=path, scoring="automated").tasks()]
+    err = capsys.readouterr().err
+    assert len(ids) == 99 and not [i for i in ids if i.startswith("task_00059")]
+    assert ("qwenclawbench: 100 tasks, 99 runnable, 1 skipped:\n  1 skipped: its grader runs "
+            "the agent's code in its own process (spec_from_file_location() at line 43)") in err
+    env = ClawEnvironment(path=path, scoring="automated", agent_code_in_grader="score")
+    task = next(t for t in env.tasks() if t.id.startswith("task_00059"))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    env.prepare(task, ws)
+    (ws / "discount_calculator.py").write_text(IN_PROCESS_FORGER)
+    verdict = env.check(task, ws, env.final_state(task, ws))
+    assert verdict.passed and verdict.details["automated_breakdown"] == {"forged": 1.0}
+    assert verdict.details["agent_code_in_grader"] == (
+        f"ran workspace code: {ws / 'discount_calculator.py'}")

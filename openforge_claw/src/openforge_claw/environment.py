@@ -13,6 +13,9 @@ Options:
 - `grader_timeout_s`: how long a benchmark task's own grader may run;
 - `scoring` (QwenClawBench): `benchmark` (default: each task scored as the benchmark
   scores it) or `automated` (every task scored by its automated checks alone);
+- `agent_code_in_grader` (QwenClawBench): `skip` (default: a task whose grader runs the
+  agent's code in its own process, where that code could write any score, is skipped) or
+  `score` (scored as the benchmark does, labelled in the reward's details);
 - Claw-Eval only: `python` (the interpreter of its services and graders, default this
   one), `service_env` (extra variables for its services, e.g. `{ERROR_RATE: "0.25"}`:
   Claw-Eval's own injection of 429/500 answers and slow responses, for robustness runs).
@@ -89,6 +92,9 @@ class ClawOptions(PluginOptions):
     """Seconds a benchmark's own grader may run for one rollout."""
     scoring: Literal["benchmark", "automated"] = "benchmark"
     """QwenClawBench: `benchmark` (its own automated + judged mix) or `automated` only."""
+    agent_code_in_grader: Literal["skip", "score"] = "skip"
+    """QwenClawBench: `skip` a task whose grader runs the agent's code in its own process
+    (that code could write any score), or `score` it as the benchmark does."""
     python: str = Field(default_factory=lambda: sys.executable)
     """Claw-Eval checkouts only: the Python that runs its services and graders."""
     service_env: dict[str, str] = Field(default_factory=dict)
@@ -144,7 +150,8 @@ class ClawEnvironment(Environment):
         self.judge = self.options.judge()
         self.scoring = qwenclawbench_grading.ScoringOptions(
             judge=self.judge, scoring=self.options.scoring,
-            grader_timeout_s=self.options.grader_timeout_s)
+            grader_timeout_s=self.options.grader_timeout_s,
+            agent_code_in_grader=self.options.agent_code_in_grader)
         self.claw_eval: ClawEvalRollout | None = None
 
     def claw_tasks(self) -> list[ClawTask]:

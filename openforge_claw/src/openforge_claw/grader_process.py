@@ -56,7 +56,9 @@ _NOTE_LIMIT = 1000  # a note line stays well under PIPE_BUF: it reaches the pipe
 class GraderError(OpenforgeError):
     """The task's grader could not score the rollout here, through no doing of the agent:
     it needs a module this Python lacks, or its process failed before it touched anything
-    of the agent's. The attempt is a `plugin_error`: neither scored nor retried."""
+    of the agent's; or its result cannot be taken as a score (agent code ran in its process,
+    `qwenclawbench_grading.automated`). The attempt is a `plugin_error`: neither scored nor
+    retried."""
 
 
 @dataclass

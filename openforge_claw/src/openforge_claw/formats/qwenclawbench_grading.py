@@ -24,6 +24,13 @@ agent (a module its Python lacks, a process that dies before it touched anything
 agent's: `GraderError`) or a judge that fails (`JudgeError`) is a `plugin_error`, never a
 0.
 
+A grader that runs the agent's code in its own process (imports or execs the agent's
+module: `loads_code_in_process` reads it from the grader's source) gives a result that code
+could have written, with any score: such a task is listed and skipped unless
+`environment_options.agent_code_in_grader` is `score` (then scored as the benchmark does,
+with `agent_code_in_grader` in the details). A grader whose source hid it, caught running
+agent code by the runner's notes, is a `GraderError` under `skip`.
+
 The transcript: OpenClaw's own session events when the harness was OpenClaw and they
 agree with the recorded calls (what the policy said and called, turn by turn), else the
 events built from the recorded calls, else the prompt and final answer alone.
@@ -31,6 +38,7 @@ events built from the recorded calls, else the prompt and final answer alone.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -46,7 +54,7 @@ from openforge.types import Call, RewardResult
 from pydantic import BaseModel, ConfigDict, Field
 
 from openforge_claw import check_sandbox, grader_process
-from openforge_claw.formats import openclaw_events
+from openforge_claw.formats import openclaw_events, qwenclawbench_runner
 from openforge_claw.grader_process import GraderError
 from openforge_claw.judge import JudgeEndpoint, JudgeError
 from openforge_claw.tasks import ClawTask, QwenClawBenchGrading
@@ -65,6 +73,9 @@ class ScoringOptions(BaseModel):
     judge: JudgeEndpoint | None = None
     scoring: Literal["benchmark", "automated"] = "benchmark"
     grader_timeout_s: float = Field(default=600.0, gt=0)
+    # `skip`: a task whose grader runs the agent's code in its own process is not scored
+    # (that code could write any result); `score`: scored as the benchmark does, labelled.
+    agent_code_in_grader: Literal["skip", "score"] = "skip"
 
 
 def unscorable(task: ClawTask, options: ScoringOptions) -> str | None:
@@ -72,15 +83,65 @@ def unscorable(task: ClawTask, options: ScoringOptions) -> str | None:
     spec = task.qwenclawbench
     if spec is None:
         return None
-    if options.scoring == "automated":
-        if spec.code is None:
-            return "llm_judge task: it has no automated checks to score alone"
-        return None
-    if spec.grading_type != "automated" and options.judge is None:
+    if options.scoring == "automated" and spec.code is None:
+        return "llm_judge task: it has no automated checks to score alone"
+    if (options.scoring == "benchmark" and spec.grading_type != "automated"
+            and options.judge is None):
         return (f"needs an LLM judge (grading_type {spec.grading_type}): set "
                 f"environment_options.judge_base_url and judge_model, or "
                 f"environment_options.scoring=automated to score its automated checks alone")
+    how = loads_code_in_process(spec.code) if spec.code is not None else None
+    if how and options.agent_code_in_grader == "skip":
+        return (f"its grader runs the agent's code in its own process ({how}), where that "
+                f"code could write any result: set environment_options.agent_code_in_grader="
+                f"score to score it as the benchmark does")
     return None
+
+
+# The calls by which Python runs a file's code in the running process; a grader's own code
+# that makes one may run the agent's module there. The builtins count only by their bare
+# name (`re.compile` loads nothing).
+_LOADERS = frozenset({"spec_from_file_location", "exec_module", "load_module", "import_module",
+                      "run_path", "run_module", "SourceFileLoader", "SourcelessFileLoader",
+                      "ExtensionFileLoader", "CDLL", "PyDLL", "LoadLibrary"})
+_BUILTIN_LOADERS = frozenset({"exec", "eval", "compile", "__import__"})
+
+
+def _is_sys_path(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "path"
+            and isinstance(node.value, ast.Name) and node.value.id == "sys")
+
+
+def loads_code_in_process(code: str) -> str | None:
+    """How the grader's own code can run the agent's code in its own process, as `what at
+    line N` (the first by line), or None: a call of one of Python's ways to run a file's
+    code (`_LOADERS`, `exec`, ...), or a change to `sys.path` (after which a plain `import`
+    finds the agent's module). A program the grader starts as a process of its own (its
+    code a string here) is not its own code: such a program can end its grader, not write
+    its result. Read from the source, so the decision does not depend on what the agent
+    did; the runner's notes (`CODE`) catch what the source hides."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return None  # it cannot run at all: the grader's own error when it does
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name) and func.id in _LOADERS | _BUILTIN_LOADERS:
+                found.append((node.lineno, f"{func.id}()"))
+            elif isinstance(func, ast.Attribute) and func.attr in _LOADERS:
+                found.append((node.lineno, f"{func.attr}()"))
+            elif isinstance(func, ast.Attribute) and _is_sys_path(func.value):
+                found.append((node.lineno, f"sys.path.{func.attr}()"))
+        elif isinstance(node, ast.Assign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(_is_sys_path(target) for target in targets):
+                found.append((node.lineno, "an assignment to sys.path"))
+    if not found:
+        return None
+    line, what = min(found)
+    return f"{what} at line {line}"
 
 
 # -- the transcript --------------------------------------------------------------------------
@@ -135,7 +196,9 @@ def run_grader(code: str, events: list[dict[str, Any]], workspace: Path,
                 untrusted=workspace)
         finally:
             shutil.rmtree(home, ignore_errors=True)
-    return _result(done, timeout_s)
+    result = _result(done, timeout_s)
+    ran = next((n for n in done.notes if n.startswith(qwenclawbench_runner.CODE)), None)
+    return {**result, "agent_code": ran} if ran else result
 
 
 def _closed_to_us(workspace: Path) -> str | None:
@@ -198,12 +261,21 @@ def as_floats(scores: dict[str, Any] | None) -> dict[str, float]:
 
 
 def automated(spec: QwenClawBenchGrading, events: list[dict[str, Any]], workspace: Path,
-              timeout_s: float) -> tuple[float, dict[str, float], str | None]:
-    """(score, criteria, error) of the task's automated checks."""
+              options: ScoringOptions) -> tuple[float, dict[str, float], str | None, str | None]:
+    """(score, criteria, error, how the agent's code ran in the grader's process or None)
+    of the task's automated checks."""
     assert spec.code is not None
-    result = run_grader(spec.code, events, workspace, timeout_s)
+    result = run_grader(spec.code, events, workspace, options.grader_timeout_s)
+    ran = result.get("agent_code")
+    if ran and options.agent_code_in_grader == "skip":
+        # Its source showed no way to (`unscorable` skips those that do): whatever it says
+        # now, the agent's code could have written it.
+        raise GraderError(f"the grader ran the agent's code in its own process ({ran}), "
+                          f"where that code could write any result: not scored (set "
+                          f"environment_options.agent_code_in_grader=score to score it as "
+                          f"the benchmark does)")
     if result.get("ok"):
-        return mean_score(result.get("scores")), as_floats(result.get("scores")), None
+        return mean_score(result.get("scores")), as_floats(result.get("scores")), None, ran
     if result.get("kind") == "grader_import":
         raise GraderError(f"the task's grader needs the Python module {result.get('module')!r}, "
                           f"which is not installed here: {result.get('error')} (the workspace "
@@ -212,7 +284,7 @@ def automated(spec: QwenClawBenchGrading, events: list[dict[str, Any]], workspac
     # The benchmark scores a grader that raised (or never returned) as 0; so is the agent's
     # failure to provide a module the grader looked for in the workspace, and a grader
     # process that died after it touched the agent's work (`_result`).
-    return 0.0, {}, f"{result.get('kind')}: {result.get('error')}"
+    return 0.0, {}, f"{result.get('kind')}: {result.get('error')}", ran
 
 
 # -- the judge -------------------------------------------------------------------------------
@@ -351,10 +423,12 @@ def score(task: ClawTask, workspace: Path, final_state: dict[str, Any],
                                            else "benchmark")}
     auto = llm = None
     if spec.code is not None:
-        auto, criteria, error = automated(spec, events, workspace, options.grader_timeout_s)
+        auto, criteria, error, ran = automated(spec, events, workspace, options)
         details.update(automated=auto, automated_breakdown=criteria)
         if error:
             details["grader_error"] = error
+        if ran:  # scored as the benchmark does (agent_code_in_grader=score), and said so
+            details["agent_code_in_grader"] = ran
     use_judge = options.scoring == "benchmark" and spec.grading_type != "automated"
     if use_judge:
         assert options.judge is not None

@@ -19,11 +19,17 @@ puts the workspace on the path itself. The result is `{"ok": true, "scores": ...
 While grade() runs, the first time it touches what the agent controls (opens or lists
 something in the workspace, runs code from it, starts a program) this process tells the
 trusted side at once (`grader_process.note`): a grader process that then dies without a
-result died, as far as anyone can tell, of the agent's doing, and is scored 0.
+result died, as far as anyone can tell, of the agent's doing, and is scored 0. Running code
+from the workspace (CODE) is told before that code runs: executing code compiled from a
+workspace file, opening a compiled module there (bytecode, whose code can name any file,
+or an extension module), importing an extension module from it, loading a library from it.
+After that, the agent's code runs in this process and could write any result: the trusted
+side does not take the result as the agent's score (`qwenclawbench_grading`).
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import sys
 import traceback
@@ -36,7 +42,12 @@ GRADER_FILE = "<automated checks>"
 _PROGRAM_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn",
                              "os.spawn", "os.fork", "os.forkpty", "pty.spawn"})
 # Audit events whose first argument is a path (None: the cwd, for a listing).
-_PATH_EVENTS = frozenset({"open", "os.listdir", "os.scandir", "ctypes.dlopen"})
+_PATH_EVENTS = frozenset({"open", "os.listdir", "os.scandir"})
+# Files whose opening loads compiled code: bytecode (a sourceless module, or a cached one)
+# and extension modules. The code a .pyc holds names any file it likes, so the `exec` of
+# it cannot be told apart by its file name; its opening can.
+_COMPILED_SUFFIXES = tuple({*importlib.machinery.BYTECODE_SUFFIXES,
+                            *importlib.machinery.EXTENSION_SUFFIXES})
 PROGRAM, CODE, TOUCH = "started a program", "ran workspace code", "touched the workspace"
 
 
@@ -65,6 +76,14 @@ class _Watch:
         filename = getattr(code, "co_filename", "")
         return not filename.startswith("<") and self._in_workspace(filename)
 
+    def _compiled_in_workspace(self, path: Any) -> bool:
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        # The import system asks for a cached .pyc that may not exist (the event comes
+        # before the failure): only one that exists is code that can run.
+        return (isinstance(path, str | os.PathLike) and os.fspath(path).endswith(
+            _COMPILED_SUFFIXES) and self._in_workspace(path) and os.path.isfile(path))
+
     def _note(self, kind: str, what: str) -> None:
         if kind not in self.noted:
             self.noted.add(kind)
@@ -88,6 +107,12 @@ class _Watch:
             self._note(PROGRAM, f"{event} {str(args[:2])[:300]}")
         elif event == "exec" and self._from_workspace(args[0]):
             self._note(CODE, args[0].co_filename)
+        elif event == "open" and args and self._compiled_in_workspace(args[0]):
+            self._note(CODE, f"opened compiled code {args[0]!s}")
+        elif event == "import" and len(args) > 1 and args[1] and self._in_workspace(args[1]):
+            self._note(CODE, f"imported {args[0]} from {args[1]!s}")  # an extension module
+        elif event == "ctypes.dlopen" and args and args[0] and self._in_workspace(args[0]):
+            self._note(CODE, f"loaded the library {args[0]!s}")
         elif event in _PATH_EVENTS and args:
             path = "." if args[0] is None else args[0]
             if self._in_workspace(path):
