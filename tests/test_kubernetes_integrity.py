@@ -160,10 +160,27 @@ def _hidden_spec(standin: StandIn, run_id: str, **options: object) -> tuple[Roll
 
 
 async def test_the_environments_hidden_folders_are_empty_in_the_agents_container(
-        standin: StandIn, kube: KubeApi) -> None:
+        standin: StandIn, kube: KubeApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    import executor_plugins
+
+    # Where the executor lists them: off the event loop that watches every Pod (building the
+    # environment may load a whole benchmark).
+    on_loop: list[bool] = []
+    listed = executor_plugins.HiddenAnswersEnv.hidden_paths
+
+    def hidden_paths(env: executor_plugins.HiddenAnswersEnv, task: Task) -> list[Path]:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return listed(env, task)
+
+    monkeypatch.setattr(executor_plugins.HiddenAnswersEnv, "hidden_paths", hidden_paths)
     run_id = "i-" + uuid.uuid4().hex[:8]
     spec, answers = _hidden_spec(standin, run_id)
     result = await _run(standin, spec)
+    assert on_loop == [False]
     assert result.status == "ok", result.error
     assert result.final_answer == "seen:[]"  # an empty folder, read-only, where the key is
     assert result.reward is not None and not result.reward.passed  # it could not copy it
