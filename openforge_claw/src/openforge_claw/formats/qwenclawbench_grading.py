@@ -39,6 +39,7 @@ events built from the recorded calls, else the prompt and final answer alone.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import re
@@ -112,6 +113,7 @@ def _is_sys_path(node: ast.expr) -> bool:
             and isinstance(node.value, ast.Name) and node.value.id == "sys")
 
 
+@functools.lru_cache(maxsize=512)  # asked again each time a rollout of the task is scored
 def loads_code_in_process(code: str) -> str | None:
     """How the grader's own code can run the agent's code in its own process, as `what at
     line N` (the first by line), or None: a call of one of Python's ways to run a file's

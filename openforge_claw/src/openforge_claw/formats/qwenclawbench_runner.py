@@ -77,12 +77,11 @@ class _Watch:
         return not filename.startswith("<") and self._in_workspace(filename)
 
     def _compiled_in_workspace(self, path: Any) -> bool:
-        if isinstance(path, bytes):
-            path = os.fsdecode(path)
         # The import system asks for a cached .pyc that may not exist (the event comes
         # before the failure): only one that exists is code that can run.
-        return (isinstance(path, str | os.PathLike) and os.fspath(path).endswith(
-            _COMPILED_SUFFIXES) and self._in_workspace(path) and os.path.isfile(path))
+        return (isinstance(path, str | bytes | os.PathLike)
+                and os.fsdecode(path).endswith(_COMPILED_SUFFIXES)
+                and self._in_workspace(path) and os.path.isfile(path))
 
     def _note(self, kind: str, what: str) -> None:
         if kind not in self.noted:
