@@ -396,3 +396,80 @@ def test_full_renders_tokenize_only_new_texts(tiny_bundle, monkeypatch):
             assert len(new) == 2, new
             assert f"turn {i}" in new[1] and f"answer {i - 1}" in new[0]
         messages = [*messages, assistant, Message(role="user", content=long_text + f"turn {i + 1}")]
+
+
+def _bridge_cases(bundle: ModelBundle):
+    """(prompt, completion, new messages) a session can bridge: tool and user turns after a
+    long history, a completion cut off before its turn closed, one cut off inside its
+    reasoning, and a prompt whose generation prompt opened a reasoning block."""
+    history = [SYSTEM, USER]
+    for i in range(12):
+        call = Message(role="assistant", content="", tool_calls=[shell_call(f"h{i}", f"cat f{i}")])
+        history += [call, Message(role="tool", content=f"line {i}\n" * 20, tool_call_id=f"h{i}")]
+    prompt = bundle.renderer.render_ids([m.to_renderer() for m in history],
+                                        tools=[SHELL_TOOL.to_renderer()],
+                                        add_generation_prompt=True)
+    reply = Message(role="assistant", reasoning="Look first.", content="",
+                    tool_calls=[shell_call("c1", "ls")])
+    whole = assistant_turn_ids(bundle, history, reply, [SHELL_TOOL])
+    tool = [{"role": "tool", "content": "a\nb", "tool_call_id": "c1"}]
+    user = [{"role": "user", "content": "Now count them."}]
+    think = bundle.tokenizer.convert_tokens_to_ids("<think>")
+    yield prompt, whole, tool
+    yield prompt, whole, user
+    yield prompt, whole[:-1], tool  # max_tokens cut it before <|im_end|>
+    yield prompt, whole[:3], user  # ... inside its reasoning
+    yield [*prompt, think, *bundle.encode("\n")], bundle.encode("Plan.\n</think>\n\nDone."), user
+
+
+def test_a_bridge_reads_the_prompt_from_its_last_turn_only(tiny_bundle, monkeypatch):
+    """Bridging costs what a call adds: the renderer is handed the prompt from its last
+    turn-ending token on, and the result is what bridging the whole prompt gives."""
+    from array import array
+
+    from openforge.gateway.render import bridge, renderer_tools
+
+    appending = load_model_bundle("tiny", "qwen3", thinking_retention="all")
+    declined = []
+    for renderer in (tiny_bundle.renderer, appending.renderer):
+        for prompt, completion, new in _bridge_cases(tiny_bundle):
+            whole = renderer.bridge_to_next_turn(list(prompt), list(completion), new,
+                                                 tools=renderer_tools([SHELL_TOOL]))
+            expected = None if whole is None else list(whole.token_ids)
+            if expected is not None and expected[:len(prompt) + len(completion)] != [
+                    *prompt, *completion]:
+                expected = None  # the bridge rewrote what the engine saw: re-render
+            seen: list[int] = []
+            real = renderer.bridge_to_next_turn
+
+            def spy(previous, *args, _real=real, _seen=seen, **kwargs):
+                _seen.append(len(previous))
+                return _real(previous, *args, **kwargs)
+
+            monkeypatch.setattr(renderer, "bridge_to_next_turn", spy)
+            got = bridge(renderer, array("i", prompt), array("i", completion), new, [SHELL_TOOL])
+            monkeypatch.undo()
+            assert got == expected
+            assert seen and seen[0] <= 8 < len(prompt)  # "<|im_end|>\n<|im_start|>assistant\n..."
+            declined.append(got is None)
+    assert any(declined) and not all(declined)  # bridged, and declined (the caller re-renders)
+
+
+def test_a_renderer_not_known_to_read_only_the_last_turn_gets_the_whole_prompt(tiny_bundle):
+    """A subclass (or another family: Qwen3-VL counts the images of the whole prompt) may
+    read all of it, so it is handed all of it."""
+    from openforge.gateway.render import bridge
+
+    seen: list[int] = []
+
+    class Counting(type(tiny_bundle.renderer)):  # type: ignore[misc]
+        def bridge_to_next_turn(self, previous, *args, **kwargs):
+            seen.append(len(previous))
+            return super().bridge_to_next_turn(previous, *args, **kwargs)
+
+    renderer = Counting.__new__(Counting)
+    renderer.__dict__.update(tiny_bundle.renderer.__dict__)
+    prompt, completion, new = next(_bridge_cases(tiny_bundle))
+    ids = bridge(renderer, prompt, completion, new, [SHELL_TOOL])
+    assert seen == [len(prompt)]
+    assert ids is not None and ids[:len(prompt)] == list(prompt)

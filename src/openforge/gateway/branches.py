@@ -312,16 +312,13 @@ class SessionTokens:
         suffix = request.messages[n_old:]
         if any(m.role == "assistant" for m in suffix):
             return None
-        prev_prompt, prev_completion = best.prompt.tolist(), best.completion.tolist()
         renderer = self.bundle.renderer
         if self.policy == "append" and self.bundle.append_renderer is not None:
             renderer = self.bundle.append_renderer
         dicts = self._renderer_dicts(request.messages)
-        ids = bridge(renderer, prev_prompt, prev_completion, dicts[n_old:], request.tools)
-        previous = prev_prompt + prev_completion
-        # The bridge may synthesise a turn close after a truncated completion; everything
-        # the engine saw and produced must still be there, verbatim.
-        if ids is None or ids[:len(previous)] != previous:
+        ids = bridge(renderer, best.prompt, best.completion, dicts[n_old:], request.tools)
+        if ids is None:
+            previous = best.prompt.tolist() + best.completion.tolist()
             ids = self._full_render(request)
             if ids[:len(previous)] != previous:
                 return self._new_branch(ids, BRANCH_TEMPLATE_REWRITE, request,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -149,16 +150,51 @@ def render_full(renderer: Any, messages: list[dict[str, Any]], tools: list[Tool]
                           f"template: {detail}") from None
 
 
-def bridge(renderer: Any, prompt: list[int], completion: list[int],
+# Renderers whose `bridge_to_next_turn` reads the previous prompt only from its last
+# turn-closing token on (to see whether the generation prompt opened a reasoning block):
+# they are handed that tail, so a bridge costs what the call adds, not the conversation's
+# length. Exact classes, by module and name: a subclass or another family may read more
+# (Qwen3-VL counts the images of the whole prompt). `tests/test_render.py` checks each
+# against bridging the whole prompt.
+_BRIDGES_FROM_LAST_TURN = frozenset({("renderers.qwen3", "Qwen3Renderer")})
+
+
+def bridge(renderer: Any, prompt: Sequence[int], completion: Sequence[int],
            messages: list[dict[str, Any]], tools: list[Tool]) -> list[int] | None:
     """`prompt + completion` extended by `messages` and a generation prompt, or None when
-    the renderer declines (or cannot) bridge this shape."""
+    the renderer declines (or cannot) bridge this shape, or its result does not start with
+    `prompt + completion` verbatim (everything the engine saw and produced must be there;
+    a bridge may add a turn close after a truncated completion)."""
+    cut = 0
+    kind = type(renderer)
+    if (kind.__module__, kind.__qualname__) in _BRIDGES_FROM_LAST_TURN:
+        cut = last_turn_start(prompt, renderer.get_stop_token_ids())
+    tail, done = _ids_list(prompt[cut:]), _ids_list(completion)
     try:
-        bridged = renderer.bridge_to_next_turn(prompt, completion, messages,
+        bridged = renderer.bridge_to_next_turn(tail, done, messages,
                                                tools=renderer_tools(tools))
     except Exception:  # a renderer that cannot bridge this shape: the caller re-renders
         return None
-    return None if bridged is None else list(bridged.token_ids)
+    if bridged is None:
+        return None
+    ids = list(bridged.token_ids)
+    if ids[:len(tail)] != tail or ids[len(tail):len(tail) + len(done)] != done:
+        return None
+    return _ids_list(prompt[:cut]) + ids if cut else ids
+
+
+def _ids_list(ids: Sequence[int]) -> list[int]:
+    return ids.tolist() if isinstance(ids, array) else list(ids)
+
+
+def last_turn_start(ids: Sequence[int], stops: Sequence[int]) -> int:
+    """The position of the last turn-ending token in `ids` (0 if there is none): where the
+    part a renderer reads to bridge or parse after it begins."""
+    stop = set(stops)
+    for i in range(len(ids) - 1, -1, -1):
+        if ids[i] in stop:
+            return i
+    return 0
 
 
 # Built once: json.dumps with options builds a new encoder per call. Same output as
@@ -211,11 +247,7 @@ def _last_turn(bundle: ModelBundle, prompt_ids: Sequence[int]) -> list[int]:
     """The prompt from its last turn-ending token on: all a renderer reads of the prompt to
     parse a completion (whether the generation prompt opened a reasoning block), without
     copying a long prompt on every call."""
-    stops = set(bundle.stop_token_ids)
-    for i in range(len(prompt_ids) - 1, -1, -1):
-        if prompt_ids[i] in stops:
-            return list(prompt_ids[i:])
-    return list(prompt_ids)
+    return list(prompt_ids[last_turn_start(prompt_ids, bundle.stop_token_ids):])
 
 
 def assistant_turn_ids(bundle: ModelBundle, messages: list[Message], assistant: Message,
