@@ -47,7 +47,7 @@ generator, the stand-in and the server compete); CPU ms per call is the figure t
 transfers, and the load average at start and end is printed with it.
 
     python benchmarks/bench_gateway.py [--quick] [--sessions N] [--turns N] [--latency-ms N]
-                                       [--rounds N] [--profile PREFIX]
+                                       [--rounds N] [--profile PREFIX] [--system-words N]
 """
 
 from __future__ import annotations
@@ -106,9 +106,23 @@ def reply_ids(bundle: Any) -> dict[str, list[int]]:
     }
 
 
+SYSTEM_PROMPT = "You are a coding agent. Work step by step."
+_FILLER = ("Read", "the", "files", "before", "you", "change", "them;", "run", "tests",
+           "after", "each", "edit", "and", "report", "what", "failed.")
+
+
+def use_system_words(n: int) -> None:
+    """Make every session's system prompt `n` words longer (`--system-words`): harnesses
+    send instructions and tool lists of thousands of tokens with every call, and a cost
+    that grows with the prompt shows only with one of that size."""
+    global SYSTEM_PROMPT
+    words = (f"{_FILLER[i % len(_FILLER)]}" if i % 5 else f"rule{i}" for i in range(n))
+    SYSTEM_PROMPT = "You are a coding agent. Work step by step. " + " ".join(words)
+
+
 def first_messages(k: int) -> list[dict[str, Any]]:
     """Session `k`'s opening messages (the system prompt is every session's)."""
-    return [{"role": "system", "content": "You are a coding agent. Work step by step."},
+    return [{"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": f"Task {k}: refactor module {k} and run its tests."}]
 
 
@@ -132,16 +146,20 @@ def next_turn(messages: list[dict[str, Any]], answer: dict[str, Any], profile: s
 
 def run_standin(port: int, latency_s: float) -> None:
     """vLLM's `/v1/completions` (token ids; the reply by the requested model name: "tools"
-    answers a tool call, "users" a text) and an OpenAI chat endpoint (a tool call)."""
+    answers a tool call, "users" a text; the prompt's ids echoed, as vLLM does with
+    `return_token_ids`) and an OpenAI chat endpoint (a tool call)."""
     from aiohttp import web
 
     from openforge.gateway.model import load_model_bundle
 
     replies = reply_ids(load_model_bundle("tiny"))
+    # As vLLM answers `return_token_ids`: the generated ids, and the prompt's echoed
+    # (compact JSON, as vLLM's JSONResponse writes it), around the prompt sent.
     completions = {
         name: json.dumps({"choices": [{
             "text": "", "token_ids": ids, "finish_reason": "stop",
-            "logprobs": {"token_logprobs": [-0.5] * len(ids)}}], "weight_versions": ["bench"]})
+            "logprobs": {"token_logprobs": [-0.5] * len(ids)}, "prompt_token_ids": 0}],
+            "weight_versions": ["bench"]}, separators=(",", ":")).split('"prompt_token_ids":0')
         for name, ids in replies.items()}
     chat = json.dumps({
         "id": "chatcmpl-x", "object": "chat.completion", "created": 0, "model": "policy",
@@ -154,7 +172,10 @@ def run_standin(port: int, latency_s: float) -> None:
     async def completions_route(request: web.Request) -> web.Response:
         body = await request.json()  # a real server parses what it is sent
         await asyncio.sleep(latency_s)
-        return web.Response(text=completions[body.get("model", "tools")],
+        head, tail = completions[body.get("model", "tools")]
+        echo = json.dumps(body["prompt"], separators=(",", ":")) if body.get(
+            "return_token_ids") else "null"
+        return web.Response(text=f'{head}"prompt_token_ids":{echo}{tail}',
                             content_type="application/json")
 
     async def chat_route(request: web.Request) -> web.Response:
@@ -632,8 +653,10 @@ class Result:
 
 async def run(args: argparse.Namespace) -> None:
     n, turns = args.sessions, args.turns
-    print(f"bench_gateway: {n} sessions x {turns} turns, engine latency {args.latency_ms:g} ms, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+    system = f", a system prompt {args.system_words} words longer" if args.system_words else ""
+    print(f"bench_gateway: {n} sessions x {turns} turns{system}, engine latency "
+          f"{args.latency_ms:g} ms, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f} at start")
     standin, standin_url = start_helper("--standin", "--latency-ms", str(args.latency_ms))
     passthrough, pass_url = start_helper("--passthrough", f"{standin_url}/v1/chat/completions")
     rounds: dict[str, list[Phase]] = {}
@@ -763,6 +786,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="16 sessions x 5 turns (CI smoke run)")
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--system-words", type=int, default=0, metavar="N",
+                        help="make every session's system prompt N words longer")
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=3,
                         help="measure every phase this many times, round after round, and "
@@ -793,6 +818,7 @@ def main() -> None:
         parser.error("--rounds must be at least 1")
     if args.quick:
         args.sessions, args.turns, args.rounds = 16, 5, 1
+    use_system_words(args.system_words)
     asyncio.run(run(args))
 
 

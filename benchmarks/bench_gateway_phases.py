@@ -34,6 +34,7 @@ the same: it stops if they are not).
 The numbers move with the machine like every timing here; compare phases of one run.
 
     python benchmarks/bench_gateway_phases.py [--quick] [--sessions N] [--turns N]
+                                              [--system-words N]
 """
 
 from __future__ import annotations
@@ -259,11 +260,14 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="8 sessions x 5 turns (CI smoke run)")
+    parser.add_argument("--system-words", type=int, default=0, metavar="N",
+                        help="make every session's system prompt N words longer")
     args = parser.parse_args()
     if args.quick:
         args.sessions, args.turns = 8, 5
-    print(f"bench_gateway_phases: {args.sessions} sessions x {args.turns} turns, in process, "
-          "no HTTP; microseconds per call")
+    bench.use_system_words(args.system_words)
+    print(f"bench_gateway_phases: {args.sessions} sessions x {args.turns} turns, system prompt "
+          f"+{args.system_words} words, in process, no HTTP; microseconds per call")
     compare_ways(args.sessions, args.turns)  # before the phase timers wrap the pipeline
     record_long_texts()
     for owner, name, label in PHASES:

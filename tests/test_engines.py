@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import types
@@ -236,6 +237,56 @@ async def test_vllm_token_in_token_out(vllm_server, tiny_bundle, api):
             assert sent["return_token_ids"] is True and sent["logprobs"] == 1
         else:
             assert result.weight_version == "0"  # generate reports weight_versions
+
+
+async def test_vllm_completions_echo_of_the_prompt_is_not_decoded(vllm_server, tiny_bundle,
+                                                                    monkeypatch):
+    """`return_token_ids` makes vLLM echo the prompt's ids with every answer: the engine
+    cuts them out of the text before decoding it (it sent them), and reads the same
+    generated ids and logprobs."""
+    from openforge.gateway.engines import vllm as vllm_module
+
+    parsed: list[str] = []
+    real_parse = vllm_module.json_process.parse
+
+    def spy(text):
+        parsed.append(text)
+        return real_parse(text)
+
+    monkeypatch.setattr(vllm_module.json_process, "parse", spy)
+    _, prompt = _prompt(tiny_bundle)
+    sampling = SamplingParams(temperature=1.0, max_tokens=6, seed=3)
+    engine = VLLMEngine(tiny_bundle, url=vllm_server.url, api="completions", log_size=2)
+    try:
+        result = await engine.generate(GenerateRequest(
+            prompt_ids=prompt, sampling=sampling, stop_token_ids=tiny_bundle.stop_token_ids))
+    finally:
+        await engine.close()
+    answer = json.loads(parsed[-1])
+    choice = answer["choices"][0]
+    assert choice.get("prompt_token_ids", answer.get("prompt_token_ids")) is None
+    assert '"prompt_token_ids":null' in parsed[-1]
+    assert result.completion_ids == choice["token_ids"] and len(result.logprobs) == len(
+        result.completion_ids) > 0
+
+
+def test_only_the_echo_of_the_prompt_sent_is_cut():
+    from openforge.gateway.engines.vllm import without_prompt_echo
+
+    sent = json.dumps([151644, 872, 198, 9707], separators=(",", ":"))
+    forged = '"prompt_token_ids":' + sent  # generated text: its quotes arrive escaped
+    answer = {"choices": [{"index": 0, "text": forged, "token_ids": [1, 2],
+                           "logprobs": {"top_logprobs": [{'"prompt_token_ids":': -0.1}]},
+                           "prompt_token_ids": json.loads(sent)}]}
+    text = json.dumps(answer, separators=(",", ":"))
+    cut = json.loads(without_prompt_echo(text, sent))
+    assert cut["choices"][0]["prompt_token_ids"] is None
+    assert cut["choices"][0]["text"] == forged and cut["choices"][0]["token_ids"] == [1, 2]
+    assert cut["choices"][0]["logprobs"] == answer["choices"][0]["logprobs"]
+    other = json.dumps([151644, 872], separators=(",", ":"))
+    assert without_prompt_echo(text, other) == text  # not what was sent: decoded as it is
+    spaced = json.dumps(answer)  # not compact: left to the decoder
+    assert without_prompt_echo(spaced, sent) == spaced
 
 
 async def test_vllm_server_error_is_engine_error(vllm_server, tiny_bundle):

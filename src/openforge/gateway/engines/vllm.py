@@ -91,10 +91,10 @@ class VLLMEngine(Engine):
         # than the rest of the request.
         head = _encode(body)
         data = f'{head[:-1]},"{prompt_key}":{prompt_json}}}'.encode()
-        return await self._request("POST", path, data)
+        return await self._request("POST", path, data, prompt_json)
 
-    async def _request(self, method: str, path: str, data: bytes | None = None
-                       ) -> dict[str, Any]:
+    async def _request(self, method: str, path: str, data: bytes | None = None,
+                       prompt_json: str | None = None) -> dict[str, Any]:
         import aiohttp
         import yarl
 
@@ -113,6 +113,8 @@ class VLLMEngine(Engine):
                     # A request vLLM rejects (prompt too long, bad params): pass the 4xx on.
                     raise EngineError(f"vLLM {path} rejected the request ({resp.status}): "
                                       f"{text[:200]}", resp.status)
+                if prompt_json is not None:
+                    text = without_prompt_echo(text, prompt_json)
                 try:
                     data = json_process.parse(text)
                 except ValueError:
@@ -171,6 +173,28 @@ class VLLMEngine(Engine):
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+_ECHO_KEY = '"prompt_token_ids":'
+
+
+def without_prompt_echo(text: str, prompt_json: str) -> str:
+    """`text`, vLLM's answer, with the prompt's ids it echoes (`return_token_ids` returns
+    `prompt_token_ids` with the generated `token_ids`) replaced by `null`, where they are
+    exactly `prompt_json`, the compact JSON array sent (vLLM answers compact JSON).
+
+    The gateway has those ids already; decoding them again would cost more than the rest
+    of the call as the prompt grows (about 0.3 ms of CPU for 11k ids), for every call.
+    The key matches only as a key: inside a JSON string its quotes are escaped. An echo
+    that differs from what was sent is left as it is.
+    """
+    at = text.find(_ECHO_KEY)
+    while at >= 0:
+        start = at + len(_ECHO_KEY)
+        if text.startswith(prompt_json, start):
+            return f"{text[:start]}null{text[start + len(prompt_json):]}"
+        at = text.find(_ECHO_KEY, start)
+    return text
 
 
 def _finish(value: Any) -> Finish:
