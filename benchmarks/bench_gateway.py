@@ -48,6 +48,7 @@ transfers, and the load average at start and end is printed with it.
 
     python benchmarks/bench_gateway.py [--quick] [--sessions N] [--turns N] [--latency-ms N]
                                        [--rounds N] [--profile PREFIX] [--system-words N]
+                                       [--group K]
 """
 
 from __future__ import annotations
@@ -120,10 +121,22 @@ def use_system_words(n: int) -> None:
     SYSTEM_PROMPT = "You are a coding agent. Work step by step. " + " ".join(words)
 
 
+GROUP = 1
+"""Sessions per task (`--group`): the rollouts of one task open with the same messages, as
+a GRPO group's k attempts do; 1, every session its own task."""
+
+
+def use_group(k: int) -> None:
+    global GROUP
+    GROUP = max(k, 1)
+
+
 def first_messages(k: int) -> list[dict[str, Any]]:
-    """Session `k`'s opening messages (the system prompt is every session's)."""
+    """Session `k`'s opening messages (the system prompt is every session's, the task its
+    group's)."""
+    task = k // GROUP
     return [{"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"Task {k}: refactor module {k} and run its tests."}]
+            {"role": "user", "content": f"Task {task}: refactor module {task} and run its tests."}]
 
 
 def next_turn(messages: list[dict[str, Any]], answer: dict[str, Any], profile: str,
@@ -654,6 +667,7 @@ class Result:
 async def run(args: argparse.Namespace) -> None:
     n, turns = args.sessions, args.turns
     system = f", a system prompt {args.system_words} words longer" if args.system_words else ""
+    system += f", {args.group} sessions per task" if args.group > 1 else ""
     print(f"bench_gateway: {n} sessions x {turns} turns{system}, engine latency "
           f"{args.latency_ms:g} ms, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.1f} at start")
@@ -788,6 +802,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--system-words", type=int, default=0, metavar="N",
                         help="make every session's system prompt N words longer")
+    parser.add_argument("--group", type=int, default=1, metavar="K",
+                        help="K sessions per task: they open with the same messages")
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=3,
                         help="measure every phase this many times, round after round, and "
@@ -819,6 +835,7 @@ def main() -> None:
     if args.quick:
         args.sessions, args.turns, args.rounds = 16, 5, 1
     use_system_words(args.system_words)
+    use_group(args.group)
     asyncio.run(run(args))
 
 

@@ -11,6 +11,7 @@ recorded call and B/A, then the median and range of B/A over the rounds.
 
     git worktree add /tmp/base HEAD~1
     python benchmarks/bench_gateway_ab.py /tmp/base [--rounds 8] [--workers 2] [--system-words N]
+                                               [--group K]
 
 With `--workers-b M`, B runs M workers where A runs `--workers`: against this checkout
 itself (`bench_gateway_ab.py . --workers-b 2`) that compares one worker with two, each
@@ -59,7 +60,7 @@ async def run(args: argparse.Namespace) -> None:
     workers_b = args.workers_b or args.workers
     print(f"bench_gateway_ab: A = {other.parent} ({args.workers} worker(s)), B = {HERE} "
           f"({workers_b}); {2 * half} sessions x {args.turns} {args.profile} turns per "
-          f"round, system prompt +{args.system_words} words, load average {os.getloadavg()[0]:.1f} at start")
+          f"round, system prompt +{args.system_words} words, {args.group} per task, load average {os.getloadavg()[0]:.1f} at start")
     standin, standin_url = bench.start_helper("--standin", "--latency-ms",
                                               str(args.latency_ms))
     ratios: list[float] = []  # NaN: a round too short to measure (`bench.ratio`)
@@ -100,10 +101,13 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--system-words", type=int, default=0, metavar="N",
                         help="make every session's system prompt N words longer")
+    parser.add_argument("--group", type=int, default=1, metavar="K",
+                        help="K sessions per task: they open with the same messages")
     args = parser.parse_args()
     if args.rounds < 1 or args.sessions < 2:
         parser.error("--rounds must be at least 1 and --sessions at least 2")
     bench.use_system_words(args.system_words)
+    bench.use_group(args.group)
     asyncio.run(run(args))
 
 

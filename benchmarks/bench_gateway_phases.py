@@ -21,7 +21,11 @@ the function), so the printed microseconds per call add up to the pipeline's own
                       one call at a time (under concurrent load, the calls that finish in
                       one turn of the event loop share one)
 
-First the tool-call load runs once with its sessions spread over three ways in: the
+It begins with a session's first call (the whole conversation rendered) in a process that
+has tokenized nothing yet, then the same opening in three more sessions, which the model's
+`first_renders` serve (`--system-words` makes that opening as long as a harness's).
+
+Then the tool-call load runs once with its sessions spread over three ways in: the
 pipeline alone, the gateway's ASGI app (`create_app`: authentication, the body, then the
 pipeline) and the Starlette app behind it (router and middlewares too), interleaved call
 by call; the difference to the pipeline alone is what each way adds.
@@ -61,6 +65,7 @@ from openforge.gateway.app import create_app  # noqa: E402
 from openforge.gateway.ascii_path import AsciiPath  # noqa: E402
 from openforge.gateway.dialects.chat import ChatDialect  # noqa: E402
 from openforge.gateway.engines.base import Engine, GenerateRequest, GenerateResult  # noqa: E402
+from openforge.gateway.first_renders import FirstRenders  # noqa: E402
 from openforge.gateway.model import FastTokenizer, load_model_bundle  # noqa: E402
 from openforge.gateway.recorder import CallRecorder  # noqa: E402
 from openforge.gateway.state import GatewayState  # noqa: E402
@@ -246,6 +251,27 @@ def _request(token: str, body: bytes) -> tuple[dict[str, Any], Any]:
     return scope, receive
 
 
+def first_calls(sessions: int) -> None:
+    """A session's first render, in a process that has tokenized nothing yet, then in
+    sessions that open with the same messages (the model's `first_renders` keep it)."""
+    from openforge.gateway.conversation import ChatRequest, Message, Tool
+
+    bundle = load_model_bundle("tiny")
+    bundle.tokenizer._shared.clear()
+    bundle.first_renders = FirstRenders()
+    request = ChatRequest(
+        messages=[Message(**m) for m in bench.first_messages(0)],
+        tools=[Tool(name="shell", parameters=bench.SHELL["function"]["parameters"])])
+    spent = []
+    for _ in range(max(sessions, 2)):
+        t0 = time.process_time()
+        ids = branches.SessionTokens(bundle).render(request).prompt_ids
+        spent.append(time.process_time() - t0)
+    print(f"\na session's first call ({len(ids)} prompt tokens): {1e6 * spent[0]:.0f} us "
+          f"rendered in a fresh process; {1e6 * min(spent[1:]):.0f}-{1e6 * max(spent[1:]):.0f} "
+          f"us in {len(spent) - 1} sessions that open alike")
+
+
 def compare_ways(sessions: int, turns: int) -> None:
     """The tool-call load once more, its sessions spread over the three ways in."""
     spent, calls, _ = asyncio.run(replay("tools", sessions, turns, WAYS))
@@ -268,6 +294,7 @@ def main() -> None:
     bench.use_system_words(args.system_words)
     print(f"bench_gateway_phases: {args.sessions} sessions x {args.turns} turns, system prompt "
           f"+{args.system_words} words, in process, no HTTP; microseconds per call")
+    first_calls(4)
     compare_ways(args.sessions, args.turns)  # before the phase timers wrap the pipeline
     record_long_texts()
     for owner, name, label in PHASES:

@@ -473,3 +473,45 @@ def test_a_renderer_not_known_to_read_only_the_last_turn_gets_the_whole_prompt(t
     ids = bridge(renderer, prompt, completion, new, [SHELL_TOOL])
     assert seen == [len(prompt)]
     assert ids is not None and ids[:len(prompt)] == list(prompt)
+
+
+def test_sessions_that_open_alike_share_the_first_render(tiny_bundle, monkeypatch):
+    """The rollouts of one task open with the same messages: the model renders that first
+    prompt once. Anything different in what the renderer is given (a message, the tools'
+    key order) renders on its own, and a session's later calls bridge as before."""
+    from openforge.gateway.conversation import Tool
+    from openforge.gateway.first_renders import FirstRenders
+
+    monkeypatch.setattr(tiny_bundle, "first_renders", FirstRenders(max_entries=2))
+    rendered: list[int] = []
+    real = tiny_bundle.renderer.render_ids
+
+    def spy(messages, *args, **kwargs):
+        rendered.append(len(messages))
+        return real(messages, *args, **kwargs)
+
+    monkeypatch.setattr(tiny_bundle.renderer, "render_ids", spy)
+    opening = chat([SYSTEM, USER], [SHELL_TOOL])
+    first = SessionTokens(tiny_bundle).render(opening).prompt_ids
+    first.append(0)  # a caller's list is its own: the kept ids do not change
+    again = SessionTokens(tiny_bundle).render(opening).prompt_ids
+    assert rendered == [2] and again == first[:-1]
+
+    reordered = Tool(name="shell", description=SHELL_TOOL.description, parameters=dict(
+        reversed(list(SHELL_TOOL.parameters.items()))))
+    other_user = Message(role="user", content="Count the words of every file.")
+    for messages, tools in (([SYSTEM, USER], [reordered]), ([SYSTEM, other_user], [SHELL_TOOL])):
+        before = len(rendered)
+        ids = SessionTokens(tiny_bundle).render(chat(messages, tools)).prompt_ids
+        assert len(rendered) == before + 1
+        assert ids == real([m.to_renderer() for m in messages],
+                           tools=[t.to_renderer() for t in tools], add_generation_prompt=True)
+    cache = tiny_bundle.first_renders
+    assert (cache.hits, cache.misses, len(cache)) == (1, 3, 2)
+    SessionTokens(tiny_bundle).render(opening)  # the least recently used: gone
+    assert (cache.hits, cache.misses) == (1, 4)
+
+    tokens = SessionTokens(tiny_bundle)
+    _tool_conversation(tokens, tiny_bundle, 3)  # its first call hits; the rest bridge
+    assert (cache.hits, cache.misses) == (2, 4)
+    assert len(tokens.branches) == 1

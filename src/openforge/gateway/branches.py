@@ -44,6 +44,7 @@ from openforge.gateway.render import (
     check_token_ids,
     parse_completion,
     render_full,
+    renderer_tools,
 )
 
 RenderPolicy = Literal["exact", "append"]
@@ -297,6 +298,15 @@ class SessionTokens:
         return render_full(self.bundle.renderer, self._renderer_dicts(request.messages),
                            request.tools, self.bundle.renderer_name)
 
+    def _first_render(self, request: ChatRequest) -> list[int]:
+        """The session's first prompt: the model's sessions share first renders, as the
+        rollouts of one task open alike (`first_renders`)."""
+        dicts = self._renderer_dicts(request.messages)
+        return self.bundle.first_renders.render(
+            dicts, renderer_tools(request.tools),
+            lambda: render_full(self.bundle.renderer, dicts, request.tools,
+                                self.bundle.renderer_name))
+
     def _try_extend(self, request: ChatRequest, keys: tuple[int, ...],
                     tools_key: int) -> RenderedPrompt | None:
         best: Branch | None = None
@@ -330,7 +340,7 @@ class SessionTokens:
     def _open(self, request: ChatRequest, keys: tuple[int, ...], tools_key: int,
               system_key: int | None) -> RenderedPrompt:
         if not self.branches:
-            return self._new_branch(self._full_render(request), None, request,
+            return self._new_branch(self._first_render(request), None, request,
                                     keys=keys, tools_key=tools_key)
         prompt_key = hash((tools_key, keys))
         reason = self._classify(request, keys, tools_key, system_key, prompt_key)

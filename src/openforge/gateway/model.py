@@ -31,6 +31,7 @@ from typing import Any
 
 from openforge.errors import OpenforgeError
 from openforge.gateway.ascii_path import AsciiPath
+from openforge.gateway.first_renders import FirstRenders
 from openforge.gateway.memory import release_memory
 
 TINY_MODEL = "tiny"
@@ -331,6 +332,8 @@ class ModelBundle:
     normalizer_shrink: int = _NORMALIZER_SHRINK
     protects_content: bool = True  # special-token text in content stays text
     special_texts: tuple[str, ...] = field(default_factory=tuple)
+    # Sessions' first prompts, shared by the sessions of this model.
+    first_renders: FirstRenders = field(default_factory=FirstRenders)
 
     def encode(self, text: str) -> list[int]:
         """Content text -> ids, without template tokens (special-token text stays text)."""
