@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -268,6 +269,55 @@ async def test_vllm_completions_echo_of_the_prompt_is_not_decoded(vllm_server, t
     assert '"prompt_token_ids":null' in parsed[-1]
     assert result.completion_ids == choice["token_ids"] and len(result.logprobs) == len(
         result.completion_ids) > 0
+
+
+async def test_a_gateway_on_vllm_records_each_conversation_as_one_sample(vllm_server, tiny_bundle,
+                                                                          tmp_path):
+    """The gateway with the `vllm` engine (`api=completions`, the `append` policy), a long
+    system prompt and user-message turns: every call is recorded, and each conversation
+    extends one branch into one training sample (the bridge from the prompt's last turn,
+    the echoed prompt cut out of vLLM's answers)."""
+    import httpx
+
+    from openforge.config import EngineConfig, GatewayConfig
+    from openforge.gateway.server import Gateway
+    from openforge.store import Store
+    from openforge.trajectory import run_metrics
+
+    store = Store(tmp_path / "gw.sqlite")
+    engine = VLLMEngine(tiny_bundle, url=vllm_server.url, api="completions")
+    gateway = Gateway(GatewayConfig(), EngineConfig(name="vllm"), store, engine=engine,
+                      bundle=tiny_bundle)
+    await gateway.start()
+    system = "You are a coding agent. " + " ".join(f"rule {i}: run the tests." for i in range(100))
+    try:
+        sessions = [gateway.open_session(run_id="r", task_id=f"t{k}") for k in range(2)]
+
+        async def conversation(session):
+            messages = [{"role": "system", "content": system},
+                        {"role": "user", "content": "Refactor the module."}]
+            async with httpx.AsyncClient(base_url=gateway.session_url(session),
+                                         timeout=120) as h:
+                for turn in range(3):
+                    r = await h.post("/chat/completions", json={
+                        "model": "p", "messages": messages, "max_tokens": 8,
+                        "temperature": 1.0, "seed": turn},
+                        headers={"authorization": f"Bearer {session.token}"})
+                    assert r.status_code == 200, r.text
+                    answer = r.json()["choices"][0]["message"]
+                    messages += [{"role": "assistant", "content": answer["content"] or ""},
+                                 {"role": "user", "content": f"Now step {turn}."}]
+
+        await asyncio.gather(*(conversation(s) for s in sessions))
+    finally:
+        await gateway.stop()
+        await engine.close()
+    calls = [c for s in sessions for c in store.list_calls(s.id)]
+    assert len(calls) == 6 and {c.status for c in calls} == {"ok"}
+    assert {(c.session_id, c.branch) for c in calls} == {(s.id, 0) for s in sessions}
+    metrics = run_metrics(store)
+    assert (metrics.sessions, metrics.samples, metrics.calls_used) == (2, 2, 6)
+    store.close()
 
 
 def test_only_the_echo_of_the_prompt_sent_is_cut():
