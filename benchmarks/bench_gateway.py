@@ -117,7 +117,7 @@ def use_system_words(n: int) -> None:
     send instructions and tool lists of thousands of tokens with every call, and a cost
     that grows with the prompt shows only with one of that size."""
     global SYSTEM_PROMPT
-    words = (f"{_FILLER[i % len(_FILLER)]}" if i % 5 else f"rule{i}" for i in range(n))
+    words = (_FILLER[i % len(_FILLER)] if i % 5 else f"rule{i}" for i in range(n))
     SYSTEM_PROMPT = "You are a coding agent. Work step by step. " + " ".join(words)
 
 

@@ -79,9 +79,11 @@ class _Watch:
     def _compiled_in_workspace(self, path: Any) -> bool:
         # The import system asks for a cached .pyc that may not exist (the event comes
         # before the failure): only one that exists is code that can run.
-        return (isinstance(path, str | bytes | os.PathLike)
-                and os.fsdecode(path).endswith(_COMPILED_SUFFIXES)
-                and self._in_workspace(path) and os.path.isfile(path))
+        if not isinstance(path, str | bytes | os.PathLike):
+            return False
+        path = os.fsdecode(path)
+        return (path.endswith(_COMPILED_SUFFIXES) and self._in_workspace(path)
+                and os.path.isfile(path))
 
     def _note(self, kind: str, what: str) -> None:
         if kind not in self.noted:

@@ -86,15 +86,15 @@ class VLLMEngine(Engine):
         return self._session
 
     async def _post(self, path: str, body: dict[str, Any], prompt_key: str,
-                    prompt_json: str) -> dict[str, Any]:
+                    prompt_json: str, *, echoed: bool = False) -> dict[str, Any]:
         # The prompt's JSON text goes in as given: encoding its ids again would cost more
         # than the rest of the request.
         head = _encode(body)
         data = f'{head[:-1]},"{prompt_key}":{prompt_json}}}'.encode()
-        return await self._request("POST", path, data, prompt_json)
+        return await self._request("POST", path, data, prompt_json if echoed else None)
 
     async def _request(self, method: str, path: str, data: bytes | None = None,
-                       prompt_json: str | None = None) -> dict[str, Any]:
+                       echo: str | None = None) -> dict[str, Any]:
         import aiohttp
         import yarl
 
@@ -113,8 +113,8 @@ class VLLMEngine(Engine):
                     # A request vLLM rejects (prompt too long, bad params): pass the 4xx on.
                     raise EngineError(f"vLLM {path} rejected the request ({resp.status}): "
                                       f"{text[:200]}", resp.status)
-                if prompt_json is not None:
-                    text = without_prompt_echo(text, prompt_json)
+                if echo is not None:
+                    text = without_prompt_echo(text, echo)
                 try:
                     data = json_process.parse(text)
                 except ValueError:
@@ -151,7 +151,8 @@ class VLLMEngine(Engine):
         else:
             body = {"model": await self._model_name(), **sampling, "logprobs": 1,
                     "return_token_ids": True}
-            data = await self._post("/v1/completions", body, "prompt", prompt_json)
+            data = await self._post("/v1/completions", body, "prompt", prompt_json,
+                                    echoed=True)  # return_token_ids echoes the prompt
             ids, logprobs, finish = _read_completions(data)
             self._version = _version_of(data.get("weight_versions")) or self._version
         self.log.record(request, ids, logprobs, finish)
