@@ -191,6 +191,11 @@ def gui_plugins(session: nox.Session) -> None:
     # One pytest per plugin: each has its own conftest.py of stand-ins.
     for plugin in ("plugins/openforge-osworld", "plugins/openforge-mind2web"):
         pytest(session, "-p", "no:cacheprovider", f"{plugin}/tests")
+    # With every plugin of this repository installed: loading them imports only their
+    # plugin modules (each rollout's supervisor loads them all).
+    pytest(session, "-p", "no:cacheprovider",
+           "tests/test_plugins.py::test_loading_the_plugins_imports_only_their_plugin_modules",
+           workers=False)
 
 
 @nox.session

@@ -80,6 +80,46 @@ def test_builtin_plugins_come_from_openforge_distribution() -> None:
     assert ["executor", "local", "openforge"] in [row[:3] for row in rows]
 
 
+LOADS_ONLY_PLUGIN_MODULES = """
+import importlib.metadata, sys
+import openforge.plugins
+before = set(sys.modules)
+openforge.plugins.get_registry()
+plugin_modules = {ep.module for ep in importlib.metadata.entry_points(group="openforge")}
+allowed = plugin_modules | {m.rsplit(".", 1)[0] for m in plugin_modules}
+# A plugin's own modules, and the parts of openforge its built-in plugin registers; a
+# plugin may import openforge's small base modules (as plugins/openforge-example does).
+own = {m.split(".")[0] for m in plugin_modules} - {"openforge"}
+heavy = ("openforge.builtin.", "openforge.gateway", "openforge.executors", "openforge.training")
+print(sorted(plugin_modules))
+print(sorted(m for m in set(sys.modules) - before if m not in allowed
+             and (m.split(".")[0] in own or m.startswith(heavy))))
+"""
+
+
+def test_loading_the_plugins_imports_only_their_plugin_modules() -> None:
+    """Every rollout's supervisor and every CLI command loads the registry: a plugin module
+    that imports its implementations (instead of registering them with `lazy`) costs each of
+    them its imports. Checked on whatever plugins are installed here (`nox -s gui_plugins`
+    checks the GUI benchmark plugins the same way)."""
+    out = subprocess.run([sys.executable, "-c", LOADS_ONLY_PLUGIN_MODULES], capture_output=True,
+                         text=True, check=True)
+    loaded, extra = out.stdout.strip().splitlines()
+    assert "openforge.builtin.plugin" in loaded
+    assert extra == "[]", f"imported while loading the plugins: {extra}"
+
+
+def test_an_agent_program_starts_without_the_plugin_machinery() -> None:
+    """Every rollout's sandbox starts `python -m openforge.builtin.mini_agent`: importing it
+    must not register the built-in plugins (pydantic models, entry points), which cost each
+    rollout 0.35 s of CPU before its first model call."""
+    probe = ("import sys, openforge.builtin.mini_agent; "
+             "print(sorted(m for m in ('openforge.hookspecs', 'openforge.plugins', "
+             "'openforge.builtin.plugin', 'pydantic', 'importlib.metadata') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_installed_example_plugin_is_listed_and_uninstall_removes_it(example_target: Path) -> None:
     installed = openforge("plugins", path=example_target)
     assert installed.returncode == 0, installed.stderr
@@ -123,6 +163,23 @@ def test_a_name_two_distributions_register_is_listed_marked_and_refused_only_whe
                         "uninstall one of them (`openforge plugins` lists both)")
     other = openforge("plugins", "--options", "mini", path=target)  # other names still work
     assert other.returncode == 0 and "max_steps" in other.stdout
+
+
+def test_a_plugin_module_without_hooks_is_explained_in_one_line(tmp_path: Path) -> None:
+    """An entry point that names a module with no @hookimpl (a package instead of its plugin
+    module, or an install whose metadata predates a move) would otherwise add nothing,
+    silently."""
+    empty = make_distribution(tmp_path, "empty-plugin", "empty_plugin", "VERSION = 1\n")
+    target = tmp_path / "site"
+    pip_install(target, empty)
+    out = openforge("plugins", path=target)
+    assert out.returncode == 0
+    assert out.stderr.strip().splitlines() == [
+        "warning: openforge plugin 'empty_plugin' from distribution 'empty-plugin' registers "
+        "nothing and is skipped (empty_plugin.plugin implements no openforge hook: point the entry "
+        "point at the module with the @hookimpl functions, or reinstall the package if it "
+        "moved them); fix it or `pip uninstall empty-plugin`"]
+    assert " mini " in out.stdout
 
 
 def test_plugin_that_fails_to_import_is_explained_in_one_line(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ per kind across all installed plugins: two plugins registering the same name is 
 
 The built-in plugins (harness `mini`, environment `demo`, reward `checker`, executor
 `local`, the engines, the local trainer and the `demo` recipe) are registered through this
-very mechanism, from `openforge.builtin`.
+very mechanism, from `openforge.builtin.plugin`.
 """
 
 from __future__ import annotations

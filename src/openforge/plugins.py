@@ -51,15 +51,16 @@ class PluginConflictError(OpenforgeError):
 
 @dataclass(frozen=True)
 class LoadFailure:
-    """A plugin module that could not be imported, and why."""
+    """A plugin module that could not be imported or registers nothing, and why."""
 
     entry_point: str
     distribution: str
     error: str
+    what: str = "failed to import"
 
     def message(self) -> str:
         return (f"openforge plugin '{self.entry_point}' from distribution '{self.distribution}' "
-                f"failed to import and is skipped ({self.error}); fix it or "
+                f"{self.what} and is skipped ({self.error}); fix it or "
                 f"`pip uninstall {self.distribution}`")
 
 
@@ -162,8 +163,8 @@ class PluginRegistry:
 
 
 def load_registry() -> PluginRegistry:
-    """Load every installed plugin. A plugin that fails to import is skipped and listed in
-    `failures` (`get_registry` prints one line for each)."""
+    """Load every installed plugin. A plugin that fails to import or implements no hook is
+    skipped and listed in `failures` (`get_registry` prints one line for each)."""
     pm = pluggy.PluginManager("openforge")
     pm.add_hookspecs(hookspecs)
     dists: dict[str, tuple[str, str]] = {}
@@ -181,6 +182,15 @@ def load_registry() -> PluginRegistry:
             failures.append(LoadFailure(ep.name, dist_name, f"{type(exc).__name__}: {first}"))
             continue
         pm.register(module, name=plugin_name)
+        if not pm.get_hookcallers(module):
+            # Most often an entry point naming a package instead of its plugin module, or
+            # an install whose metadata predates a move (openforge's own: reinstall it).
+            pm.unregister(module)
+            failures.append(LoadFailure(ep.name, dist_name, (
+                f"{ep.value} implements no openforge hook: point the entry point at the "
+                "module with the @hookimpl functions, or reinstall the package if it moved "
+                "them"), "registers nothing"))
+            continue
         dists[plugin_name] = (dist_name, dist_version)
     return PluginRegistry(pm, dists, failures)
 

@@ -18,7 +18,7 @@ from conftest import HERE, JudgeServer
 from harness_plugins import pip_install
 from openforge_gui.webtasks import TaskFileError
 from openforge_mind2web.environment import OnlineMind2WebEnvironment, write_result
-from openforge_mind2web.plugin import Mind2WebJudgeReward
+from openforge_mind2web.judge import Mind2WebJudgeReward
 
 from openforge.types import Task
 
