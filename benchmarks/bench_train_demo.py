@@ -21,8 +21,9 @@ import json
 import sys
 from pathlib import Path
 
+from openforge.config import build_config
 from openforge.errors import OpenforgeError
-from openforge.training.recipes import run_recipe
+from openforge.training.recipes import DemoRecipe, run_recipe
 
 FIGURES = ("validation_reward_sft", "validation_reward_final", "validation_gain",
            "validation_gain_se", "test_reward_sft", "test_reward_final", "test_gain", "test_gain_se",
@@ -38,12 +39,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(f"--min-{split}-gain", type=float, default=None, metavar="G",
                             help=f"exit 1 when the {split} split's reward gain is below G")
     args = parser.parse_args(argv)
+    overrides = [f"output_dir={args.output_dir}", *args.overrides]
     try:
-        summary = run_recipe("demo", None, [f"output_dir={args.output_dir}", *args.overrides])
+        recipe = build_config(DemoRecipe, None, overrides)
+        for split in ("validation", "test"):
+            if getattr(args, f"min_{split}_gain") is not None and split not in recipe.eval_splits:
+                raise OpenforgeError(f"--min-{split}-gain: the {split} split is not in "
+                                     f"eval_splits {recipe.eval_splits}")
+        summary = run_recipe("demo", None, overrides)
     except OpenforgeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({k: summary[k] for k in FIGURES}, indent=2))
+    # A split left out of `eval_splits` has no figures.
+    print(json.dumps({k: summary[k] for k in FIGURES if k in summary}, indent=2))
     print(f"plot and metrics: {Path(args.output_dir).resolve()}")
     failed = False
     for split, floor in (("validation", args.min_validation_gain), ("test", args.min_test_gain)):

@@ -635,7 +635,8 @@ def test_paired_gain_averages_each_tasks_attempts_and_gives_the_standard_error()
 def test_the_learning_gate_fails_below_its_threshold(tmp_path: Path, capsys) -> None:
     """`bench_train_demo.py --min-validation-gain G` (and `--min-test-gain G`) exits 1
     (REGRESSION) when that split's gain is below G and 0 when it is not; a gain cannot
-    exceed 1, so 1.01 always fails and -1.01 never does."""
+    exceed 1, so 1.01 always fails and -1.01 never does. With `eval_splits=[validation]`
+    the test split is not evaluated at all."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -657,6 +658,16 @@ def test_the_learning_gate_fails_below_its_threshold(tmp_path: Path, capsys) -> 
     assert bench.main([*resumed, "--min-validation-gain", "-1.01", "--min-test-gain", "-1.01"]) == 0
     out = capsys.readouterr().out
     assert "ok: validation gain" in out and "ok: test gain" in out
+    # `nox -s learn` evaluates only the split it gates; gating one left out is refused
+    # before anything runs.
+    only = [*resumed, "--set", "eval_splits=[validation]"]
+    assert bench.main([*only, "--min-test-gain", "0"]) == 2
+    assert "the test split is not in eval_splits ['validation']" in capsys.readouterr().err
+    assert bench.main([*only, "--min-validation-gain", "-1.01"]) == 0
+    out = capsys.readouterr().out
+    assert "[eval final] validation" in out and "ok: validation gain" in out
+    assert not [line for line in out.splitlines()
+                if "] test mean reward" in line or line.startswith(("test mean", '  "test_'))]
 
 
 def test_evaluations_draw_common_random_numbers_so_unchanged_weights_gain_exactly_zero(

@@ -27,7 +27,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
@@ -40,6 +40,10 @@ from openforge.training.local import LocalTrainOptions, TrainingRun, grpo_loop, 
 from openforge.training.plot import text_curve, write_curve
 from openforge.training.rollouts import RolloutCollector, StepRollouts
 from openforge.types import SamplingParams, Task
+
+# The splits evaluated at the SFT checkpoint and after GRPO (train is what GRPO trains on).
+EvalSplit = Literal["validation", "test"]
+EVAL_SPLITS: tuple[EvalSplit, ...] = ("validation", "test")
 
 
 class DemoRecipe(BaseModel):
@@ -102,6 +106,11 @@ class DemoRecipe(BaseModel):
     # numbers): the gain then measures what GRPO changed in the weights, not sampling luck
     # (with unchanged weights it is exactly 0), and its spread over tasks is smaller.
     eval_common_seeds: bool = True
+    # The splits evaluated at both checkpoints. `nox -s learn` gates on validation only and
+    # skips test (0 at both checkpoints in every seed: docs/training.md), which saves two of
+    # the four evaluations.
+    eval_splits: list[EvalSplit] = Field(
+        default_factory=lambda: list(EVAL_SPLITS), min_length=1)
     seed: int = 0
     use_verl: bool | None = None
     # Intra-op threads for training and the in-process engine. One is fastest on a small,
@@ -227,8 +236,8 @@ class DemoPipeline:
 
     async def evaluate(self, collector: RolloutCollector, tag: str) -> dict[str, StepRollouts]:
         """Mean reward on the validation and the test tasks at the current weights."""
-        results = {}
-        for split in EVAL_SPLITS:
+        results: dict[str, StepRollouts] = {}
+        for split in self.recipe.eval_splits:
             seed = self.recipe.seed if self.recipe.eval_common_seeds else None
             result = await collector.collect(self.tasks[split], self.recipe.eval_k,
                                              f"{split}-{tag}", seed=seed)
@@ -266,7 +275,7 @@ class DemoPipeline:
             train_curve = [(float(m["step"]), float(m["reward_mean"]))
                            for m in read_metrics(run.log.path) if m.get("phase") == "grpo"]
             curves = {"train reward (GRPO rollouts)": train_curve}
-            for split in EVAL_SPLITS:
+            for split in r.eval_splits:
                 curves[f"{split} reward"] = [(0.0, before[split].mean_reward),
                                              (float(run.policy.step), after[split].mean_reward)]
             plot = write_curve(self.out / "reward_curve", curves, "openforge demo recipe")
@@ -290,7 +299,7 @@ class DemoPipeline:
                                            test_per_family=r.test_per_family, seed=r.seed,
                                            families=r.families, pool_size=r.pool_size)
         self.tasks = {split: list(env.tasks(split)) for split in demo_tasks.SPLITS}
-        missing = [split for split in EVAL_SPLITS if not self.tasks[split]]
+        missing = [split for split in r.eval_splits if not self.tasks[split]]
         if missing:
             raise OpenforgeError(f"families {r.families} have no {' or '.join(missing)} tasks; "
                                  f"the test split needs one of {sorted(demo_tasks.HELD_OUT_TYPES)}")
@@ -309,7 +318,7 @@ class DemoPipeline:
         for line in text_curve(curve):
             self.console.print(line)
         summary: dict[str, Any] = {"grpo_steps": r.grpo_steps}
-        for split in EVAL_SPLITS:
+        for split in r.eval_splits:
             gain, se = paired_gain(before[split], after[split])
             summary.update({f"{split}_reward_sft": before[split].mean_reward,
                             f"{split}_reward_final": after[split].mean_reward,
@@ -318,13 +327,15 @@ class DemoPipeline:
         summary["harness"] = r.harness
         summary["traffic"] = {"teacher": traffic(self.out / "teacher" / "store.sqlite"),
                               "rollouts": traffic(self.out / "rollouts" / "store.sqlite")}
-        summary["test_by_family"] = {
-            family: [_family_mean(before["test"], family), _family_mean(after["test"], family)]
-            for family in sorted({t.data["family"] for t in self.tasks["test"]})}
+        if "test" in r.eval_splits:
+            summary["test_by_family"] = {
+                family: [_family_mean(before["test"], family),
+                         _family_mean(after["test"], family)]
+                for family in sorted({t.data["family"] for t in self.tasks["test"]})}
         summary.update({"elapsed_s": time.monotonic() - started, "timings_s": self.timings,
                         "recipe": json.loads(r.model_dump_json())})
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        for split in EVAL_SPLITS:
+        for split in r.eval_splits:
             self.console.print(
                 f"{split} mean reward: SFT {summary[f'{split}_reward_sft']:.3f} -> GRPO "
                 f"{summary[f'{split}_reward_final']:.3f} ({summary[f'{split}_gain']:+.3f} "
@@ -338,10 +349,6 @@ class DemoPipeline:
                 f"{t['branches_opened'] or 'none'}", markup=False)
         self.console.print(f"{summary['elapsed_s'] / 60:.1f} min in all", markup=False)
         return summary
-
-
-# The splits evaluated at the SFT checkpoint and after GRPO (train is what GRPO trains on).
-EVAL_SPLITS = ("validation", "test")
 
 
 def traffic(store_path: Path) -> dict[str, Any]:
