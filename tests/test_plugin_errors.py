@@ -158,6 +158,48 @@ def test_harness_adapter_bugs_are_plugin_errors_and_infra_failures_are_retried(
                             "1.000); left out: 3 plugin errors, 2 infrastructure failures")
 
 
+def test_online_training_says_which_attempts_were_not_scored_and_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training step whose batch lost attempts to infrastructure failures says so in one
+    console line, and `attempts.jsonl` keeps every attempt's status and each try's error."""
+    from openforge.training.rollouts import RolloutCollector
+    from openforge.types import Task
+
+    monkeypatch.setenv("PYTHONPATH", str(HERE))
+    check = {"files": {"hello.txt": "Hello, world!"}}
+    (tmp_path / "tasks.jsonl").write_text("")
+    (tmp_path / "script.yaml").write_text(SCRIPT)
+    config = RunConfig(
+        engine=EngineConfig(name="scripted", options={"script": str(tmp_path / "script.yaml")}),
+        harness="plugin_bugs:BuggyHarness", environment="plugin_bugs:FlakyServiceEnvironment",
+        environment_options={"path": str(tmp_path / "tasks.jsonl")},
+        executor="local", executor_options={"sandbox": "none",
+                                            "base_dir": str(tmp_path / "sandboxes")},
+        concurrency=2, k=1, max_infra_retries=1, timeout_s=120)
+    tasks = [Task(id=task_id, prompt="Create hello.txt", data={"check": check})
+             for task_id in ("fine", "service-down")]
+    out = io.StringIO()
+
+    async def collect() -> None:
+        async with RolloutCollector(config, tmp_path / "rollouts",
+                                    Console(file=out, width=400)) as collector:
+            step = await collector.collect(tasks, 1, "grpo-step0")
+            assert [r.status for r in step.records] == ["ok", "infra_error"]
+
+    import asyncio
+
+    asyncio.run(collect())
+    log = tmp_path / "rollouts" / "attempts.jsonl"
+    assert out.getvalue().splitlines() == [
+        "[grpo-step0] 1 of 2 attempts not scored (infra_error: preparing the environment "
+        "(prepare) failed: RolloutInfraError: the task's database did not come up); every "
+        f"one's error is in {log}"]
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["tag"], r["task_id"], r["status"], r["tries"]) for r in rows] == [
+        ("grpo-step0", "fine", "ok", 1), ("grpo-step0", "service-down", "infra_error", 2)]
+    assert len(rows[1]["infra_errors"]) == 2
+
+
 def test_the_figures_come_from_one_summary() -> None:
     outcomes = [AttemptOutcome(task_id="a", status="ok", reward=1.0, passed=True),
                 AttemptOutcome(task_id="b", status="plugin_error"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -149,6 +150,7 @@ class RolloutCollector:
 
         records = list(await asyncio.gather(*(one(t, a) for t in tasks for a in range(k))))
         step = StepRollouts(records=records)
+        self._log_attempts(tag, step)
         for record in step.scored:
             session = self.store.get_session(record.session_id)
             calls = self.store.list_calls(record.session_id)
@@ -159,3 +161,18 @@ class RolloutCollector:
             step.samples.extend(s for s in built.samples if s.exact_tokens)
         step.seconds = time.monotonic() - started
         return step
+
+    def _log_attempts(self, tag: str, step: StepRollouts) -> None:
+        """Every attempt's record to `attempts.jsonl` (its status, reward, tries and each
+        try's infrastructure error), and one console line for the attempts left unscored,
+        so a step's changed batch says why."""
+        with (self.work_dir / "attempts.jsonl").open("a") as log:
+            for record in step.records:
+                log.write(json.dumps({"tag": tag, **record.model_dump(
+                    mode="json", exclude={"logs", "prompt"})}) + "\n")
+        failed = [r for r in step.records if not r.is_scored]
+        if failed:
+            self.console.print(
+                f"[{tag}] {len(failed)} of {len(step.records)} attempts not scored "
+                f"({failed[0].status}: {failed[0].error}); every one's error is in "
+                f"{self.work_dir / 'attempts.jsonl'}", markup=False)
