@@ -152,9 +152,9 @@ MIN_VALIDATION_GAIN = "0.02"
 
 @nox.session
 def learn(session: nox.Session) -> None:
-    """The demo recipe end to end on its defaults (14-31 min on 2 cores), failing when GRPO's
-    validation gain is below MIN_VALIDATION_GAIN; extra arguments go to the recipe
-    (`nox -s learn -- --set grpo_learning_rate=0` shows the gate failing)."""
+    """The demo recipe end to end on its defaults (13-20 min on 2 cores, 31 when loaded),
+    failing when GRPO's validation gain is below MIN_VALIDATION_GAIN; extra arguments go to
+    the recipe (`nox -s learn -- --set grpo_learning_rate=0` shows the gate failing)."""
     install_openforge(session)
     # Not session.create_tmp(): it points TMPDIR into the virtualenv, where the rollouts'
     # folder would hide the Python the sandbox must map.
