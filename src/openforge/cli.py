@@ -70,7 +70,7 @@ def plugins(options_of: str | None, kind: str | None) -> None:
                       escape(note + reg.description))
     for failure in registry.failures:
         table.add_row("?", failure.entry_point, failure.distribution, "",
-                      escape(f"FAILED TO IMPORT: {failure.error}"))
+                      escape(f"{failure.what.upper()}: {failure.error}"))
     console.print(table)
 
 

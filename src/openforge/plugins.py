@@ -147,8 +147,8 @@ class PluginRegistry:
         regs = self._tables[kind].get(name)
         if not regs:
             installed = ", ".join(sorted(self._tables[kind])) or "none"
-            why = "".join(f"; note: plugin '{f.entry_point}' from '{f.distribution}' failed to "
-                          f"import ({f.error}) and may be the one that provides it"
+            why = "".join(f"; note: plugin '{f.entry_point}' from '{f.distribution}' {f.what} "
+                          f"({f.error}) and may be the one that provides it"
                           for f in self.failures)
             raise UnknownPluginError(f"unknown {kind} '{name}'; installed: {installed}{why}")
         if len(regs) > 1:

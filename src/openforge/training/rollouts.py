@@ -24,7 +24,7 @@ from openforge.attempts import RolloutStack
 from openforge.config import RunConfig
 from openforge.errors import OpenforgeError
 from openforge.rollout import build_plugin
-from openforge.runner import AttemptRecord
+from openforge.runner import AttemptRecord, open_results_for_append
 from openforge.trajectory import build_samples
 from openforge.types import Sample, SamplingParams, Task
 
@@ -166,7 +166,8 @@ class RolloutCollector:
         """Every attempt's record to `attempts.jsonl` (its status, reward, tries and each
         try's infrastructure error), and one console line for the attempts left unscored,
         so a step's changed batch says why."""
-        with (self.work_dir / "attempts.jsonl").open("a") as log:
+        # Appended like a run's results.jsonl: a line torn by a crash is ended first.
+        with open_results_for_append(self.work_dir / "attempts.jsonl") as log:
             for record in step.records:
                 log.write(json.dumps({"tag": tag, **record.model_dump(
                     mode="json", exclude={"logs", "prompt"})}) + "\n")
