@@ -137,6 +137,79 @@ def test_browser_screen_in_headless_chromium(tmp_path: Path) -> None:
         browser.close()
 
 
+class _RefusingPage:
+    """A Playwright page whose next `refusals` captures fail as Chromium's do now and then."""
+
+    def __init__(self, page: object, refusals: int) -> None:
+        self._page, self.refusals, self.captures = page, refusals, 0
+
+    def screenshot(self, **options: object) -> bytes:
+        from playwright.sync_api import Error as PlaywrightError
+
+        self.captures += 1
+        if self.refusals:
+            self.refusals -= 1
+            raise PlaywrightError("Protocol error (Page.captureScreenshot): Unable to capture "
+                                  "screenshot\nCall log:\n  - taking page screenshot")
+        return self._page.screenshot(**options)  # type: ignore[attr-defined, no-any-return]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._page, name)
+
+
+def test_a_capture_chromium_refuses_once_is_taken_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from openforge_gui.browser import SCREENSHOT_TRIES, BrowserComputer
+
+    browser = BrowserComputer(160, 120, allow_goto=False, action_timeout_s=1.0)
+    try:
+        browser.open("data:text/html,<title>T</title><body>hello</body>")
+        page = browser.page
+        flaky = _RefusingPage(page, refusals=SCREENSHOT_TRIES - 1)
+        monkeypatch.setattr(browser, "page", flaky)
+        png, width, height = browser.screenshot()
+        assert png.startswith(b"\x89PNG") and (width, height) == (160, 120)
+        assert flaky.captures == SCREENSHOT_TRIES
+
+        # A screen that refuses every capture: one line saying so, and the browser lives on.
+        monkeypatch.setattr(browser, "page", _RefusingPage(page, refusals=SCREENSHOT_TRIES))
+        with pytest.raises(ActionFailed) as refused:
+            browser.screenshot()
+        assert str(refused.value) == (f"screenshot: {SCREENSHOT_TRIES} tries failed: Protocol "
+                                      "error (Page.captureScreenshot): Unable to capture "
+                                      "screenshot")
+        assert browser.gone is None and browser.location()[1] == "T"
+    finally:
+        browser.close()
+
+
+class CaptureShy(Canvas):
+    """A canvas that cannot be captured while `shy` is set."""
+
+    shy = False
+
+    def screenshot(self) -> tuple[bytes, int, int]:
+        if self.shy:
+            raise ActionFailed("screenshot: 4 tries failed: Unable to capture screenshot")
+        return super().screenshot()
+
+
+def test_a_step_whose_screen_cannot_be_captured_is_kept_without_its_picture(
+        tmp_path: Path) -> None:
+    canvas = CaptureShy()
+    episode = Episode(canvas, max_steps=5, keep_screens=tmp_path / "screens")
+    canvas.shy = True
+    first = episode.act(Click(x=1, y=1))
+    canvas.shy = False
+    second = episode.act(Click(x=2, y=1))
+    assert first.ok and second.ok and (first.step, second.step) == (1, 2)
+    assert canvas.image.getpixel((1, 1)) == (0, 0, 0)  # the step itself was done
+    lost, kept = episode.history
+    assert lost.screenshot is None and "Unable to capture" in (lost.screenshot_error or "")
+    assert kept.screenshot == str(tmp_path / "screens" / "step-2.png")
+    assert kept.screenshot_error is None and not episode.done
+
+
 def parse(text: str) -> Action:
     from openforge_gui.actions import parse_action
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +44,11 @@ URL_SCHEMES = ("http://", "https://")
 # thread (a script in an endless loop) outlasts this, and it would hold every later call,
 # the final state's included, for ever.
 CALL_TIMEOUT_S = 60.0
+# Chromium now and then refuses one capture ("Unable to capture screenshot", seen right after
+# a navigation ends on an error page) and takes the same picture when asked again; a few
+# tries, a moment apart, tell that hiccup from a screen that cannot be captured.
+SCREENSHOT_TRIES = 4
+SCREENSHOT_RETRY_PAUSE_S = 0.1
 
 
 class BrowserMissingError(OpenforgeError):
@@ -187,8 +193,18 @@ class BrowserComputer(Computer):
     # --- the Computer interface ------------------------------------------------------------
 
     def screenshot(self) -> tuple[bytes, int, int]:
-        png = self._call(lambda: self.page.screenshot(type="png"))
-        return png, self.width, self.height
+        from playwright.sync_api import Error as PlaywrightError
+
+        failure = ""
+        for attempt in range(1, SCREENSHOT_TRIES + 1):
+            try:
+                png = self._call(lambda: self.page.screenshot(type="png"))
+                return png, self.width, self.height
+            except PlaywrightError as exc:  # the browser lives (else `_call` raised ScreenGone)
+                failure = str(exc).strip().splitlines()[0] if str(exc).strip() else "error"
+                if attempt < SCREENSHOT_TRIES:
+                    time.sleep(SCREENSHOT_RETRY_PAUSE_S * attempt)
+        raise ActionFailed(f"screenshot: {SCREENSHOT_TRIES} tries failed: {failure}")
 
     def location(self) -> tuple[str | None, str | None]:
         return self._call(lambda: (self.page.url, self.page.title()))

@@ -102,6 +102,7 @@ class HistoryEntry(BaseModel):
     url: str | None = None
     screenshot: str | None = None  # path of the screenshot taken after the action, if kept
     screenshot_sha256: str | None = None  # of those bytes, as captured
+    screenshot_error: str | None = None  # why none was kept: the screen refused every capture
 
 
 class Computer(ABC):
@@ -113,7 +114,8 @@ class Computer(ABC):
 
     @abstractmethod
     def screenshot(self) -> tuple[bytes, int, int]:
-        """The current screen as PNG bytes, with its width and height in pixels."""
+        """The current screen as PNG bytes, with its width and height in pixels; raise
+        `ActionFailed` when the screen cannot be captured now."""
 
     def location(self) -> tuple[str | None, str | None]:
         """The (url, title) shown, where the screen has such a thing."""
@@ -196,6 +198,8 @@ class Episode:
             except ScreenGone as exc:  # a screen that is gone ends the episode; the step stays
                 entry.ok, entry.error = False, str(exc)[:500]
                 self.ended_by = "screen_gone"
+            except ActionFailed as exc:  # the step was done; only its picture is missing
+                entry.screenshot_error = str(exc)[:500]
             self.done = self.ended_by is not None
             self.history.append(entry)
             return ActionResult(ok=entry.ok, error=entry.error, done=self.done, step=self.step)
