@@ -4,9 +4,9 @@ torch is pinned to the CPU build 2.13.0 first in every session that needs it: a 
 `torch` requirement would pull a multi-GB CUDA build.
 
 Each session has a virtualenv of its own. CI (.ci/run) runs the sessions other than `tests`
-and `verl` with `nox --no-venv` in one virtualenv it made, so the project and torch install
-once for them, not once per session: `install` then installs into the running Python, each
-requirement once per nox run. `tests` runs as the README writes it; `verl` keeps a
+and `verl` with `nox --no-venv` in the virtualenv `nox -s tests` made, so the project and
+torch install once for the run, not once per session: `install` then installs into the
+running Python, each requirement once per nox run. `tests` runs as the README writes it; `verl` keeps a
 virtualenv of its own (veRL pins transformers differently).
 """
 
