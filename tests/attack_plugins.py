@@ -30,6 +30,7 @@ from openforge.types import RewardResult, Task
 ATTACKS = ("forge", "kill", "orphans", "canary", "link", "trojan", "neighbour", "all")
 TAMPER_ATTACKS = ("tamper", "exploit")  # run in this order, one at a time
 SIBLING_ATTACKS = ("victim", "sibling")  # run side by side
+LIMIT_ATTACKS = ("forkbomb", "hog")  # the machine's processes and memory (local executor)
 CANARY = "CANARY-7c1e0d5b-do-not-leak"
 SECRET_ANSWER = "the-honest-answer-nobody-writes"
 
@@ -81,7 +82,7 @@ def solutions(know: dict[str, Any]) -> list[dict[str, Any]]:
     """The scripted engine's script: each attack task runs its attack, then says done; the
     victim and the sibling run theirs up to three times, until they have met."""
     script = []
-    for name in (*ATTACKS, *TAMPER_ATTACKS, *SIBLING_ATTACKS):
+    for name in (*ATTACKS, *TAMPER_ATTACKS, *SIBLING_ATTACKS, *LIMIT_ATTACKS):
         call = {"tool_calls": [{"name": "shell",
                                 "arguments": {"command": attack_command(name, know)}}]}
         tries = 3 if name in SIBLING_ATTACKS else 1

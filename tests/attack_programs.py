@@ -327,6 +327,45 @@ def sibling(know: dict[str, Any]) -> None:
     open("released", "w").close()
 
 
+# Forks until the kernel refuses, at most `tries` times (bounded: without a limit it stops
+# there rather than take the host), each child asleep with its output closed so that the
+# shell call returns; prints how many forks succeeded.
+_FORK_LOOP = """
+import os, time
+forked = 0
+for _ in range(%(tries)d):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        time.sleep(600)
+        os._exit(0)
+    forked += 1
+print("%(who)s forked", forked, flush=True)
+"""
+
+
+def forkbomb(know: dict[str, Any]) -> None:
+    """Fork until refused, and leave a verify.py that does the same while the checker scores
+    (the agent's code, run on the trusted side's behalf)."""
+    with open("verify.py", "w") as f:
+        f.write(_FORK_LOOP % {"tries": know["fork_tries"], "who": "VERIFIER"})
+    exec(_FORK_LOOP % {"tries": know["fork_tries"], "who": "AGENT"})
+
+
+def hog(know: dict[str, Any]) -> None:
+    """Take memory a page at a time, up to `hog_mib`."""
+    say("HOG allocating")
+    block = bytearray(know["hog_mib"] << 20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    say("HOG survived")
+
+
 def everything(know: dict[str, Any]) -> None:
     """The issue's attack in one shell call; the supervisor is killed last."""
     forge(know)
@@ -338,7 +377,7 @@ def everything(know: dict[str, Any]) -> None:
 ATTACKS = {"forge": forge, "kill": kill, "orphans": orphans, "canary": canary, "link": link,
            "trojan": trojan, "neighbour": neighbour,
            "tamper": tamper, "exploit": exploit, "victim": victim, "sibling": sibling,
-           "all": everything}
+           "forkbomb": forkbomb, "hog": hog, "all": everything}
 
 if __name__ == "__main__":
     ATTACKS[sys.argv[1]](json.loads(sys.argv[2]))

@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -61,6 +62,7 @@ import yaml
 from attack_plugins import (
     ATTACKS,
     CANARY,
+    LIMIT_ATTACKS,
     SECRET_ANSWER,
     SIBLING_ATTACKS,
     TAMPER_ATTACKS,
@@ -73,6 +75,7 @@ from openforge.config import EngineConfig, RunConfig
 from openforge.export import export_run
 from openforge.npm import cache_root
 from openforge.runner import AttemptRecord, read_results, run_from_config
+from openforge.sandbox import cgroups
 from openforge.store import Store, secret_hash
 from openforge.types import Call, RolloutResult
 
@@ -205,7 +208,7 @@ def attack_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, attac
             "hidden": str(hidden),
             "canary_paths": [str(home / "canary.txt")], "port": _free_port(),
             "neighbour": stack.enter_context(neighbour()), "meet": str(meet),
-            "sleeps": [int(s) for s in SLEEPS]}
+            "sleeps": [int(s) for s in SLEEPS], "fork_tries": FORK_TRIES, "hog_mib": HOG_MIB}
     script = tmp_path / "attacks.yaml"
     script.write_text(yaml.safe_dump(solutions(know)))
     options = executor_options or {"sandbox": mode, "base_dir": str(base)}
@@ -232,6 +235,11 @@ def attack_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, attac
         out = export_run(summary.run_dir, fmt, tmp_path / f"export-{fmt}")
         run.exports[fmt] = pq.read_table(out).to_pylist()
     return run
+
+
+# The limit attacks: forks a fork bomb tries at most, MiB a memory hog takes at most (both
+# bounded, so that a missing limit fails the test instead of the machine).
+FORK_TRIES, HOG_MIB = 2000, 1024
 
 
 # The orphans' `sleep` durations, unique to this test process: a suite run next to this one
@@ -482,3 +490,33 @@ def test_a_sibling_cannot_use_its_neighbours_token(attack: Callable[..., AttackR
         # Without isolation the same user reads the victim's environment: the token works
         # for model calls (its trajectory gets a stranger's call), never for a result.
         assert stolen and "result 404" in run.said("sibling")
+
+
+NO_CGROUPS = cgroups.unavailable(["processes", "memory"])
+
+
+@pytest.mark.skipif(NO_CGROUPS is not None, reason=f"no cgroup this user can make: {NO_CGROUPS}")
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_a_fork_bomb_and_a_memory_hog_stop_at_their_rollouts_limits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean: float, mode: str) -> None:
+    options = {"sandbox": mode, "base_dir": str(tmp_path / "sandboxes"), "max_processes": 64,
+               "memory_max": "256MiB"}
+    run = attack_run(tmp_path, monkeypatch, mode, LIMIT_ATTACKS, executor_options=options)
+    assert leftovers(clean) == []
+    assert_nothing_forged(run)
+    bomb, hog = run.records["forkbomb"], run.records["hog"]
+    assert (bomb.status, bomb.reward, hog.status, hog.reward) == ("ok", 0.0, "ok", 0.0)
+    # The agent's forks and, while scoring, those of the script it left stop at the limit
+    # (without one, each would stop at FORK_TRIES).
+    agent = re.search(r"AGENT forked (\d+)", run.said("forkbomb"))
+    checker = re.search(r"VERIFIER forked (\d+)", bomb.reward_details["verify_output"])
+    assert agent and checker and 0 < int(agent[1]) < 64 and 0 < int(checker[1]) < 64
+    assert bomb.limits_reached["processes"] >= 2 and "memory" not in bomb.limits_reached
+    said = run.said("hog")
+    assert "HOG allocating" in said and "HOG survived" not in said  # ended at 256 of 1024 MiB
+    assert hog.limits_reached["memory"] >= 1
+    # Each rollout's cgroups are gone with it.
+    made = {f"openforge-{r.rollout_id[:40]}-" for r in run.records.values()}
+    left = [p for h in cgroups.hierarchies().values() if h.controller in ("pids", "memory")
+            for p in h.own.iterdir() if p.is_dir() and p.name[:-8] in made]
+    assert left == []

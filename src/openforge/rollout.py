@@ -179,14 +179,17 @@ class Supervisor:
     def __init__(self, spec: RolloutSpec, root: Path, mode: SandboxMode,
                  protected: list[Path] | None = None, pass_env: list[str] | None = None, *,
                  launch: Launch | None = None, sandbox: str | None = None,
-                 agent_dir: Path | None = None, workspace: Path | None = None) -> None:
+                 agent_dir: Path | None = None, workspace: Path | None = None,
+                 cgroups: list[str] | None = None) -> None:
         """`mode` builds the agent's sandbox here (and the sandboxes that run the agent's
-        code while scoring). With `launch`, the agent runs elsewhere (a Pod's agent
-        container): `sandbox` names that isolation in the result, `agent_dir` and
-        `workspace` are the folders the agent shares with this process."""
+        code while scoring), each started inside the rollout's `cgroups` (their
+        `cgroup.procs` files: `sandbox.cgroups`). With `launch`, the agent runs elsewhere (a
+        Pod's agent container): `sandbox` names that isolation in the result, `agent_dir`
+        and `workspace` are the folders the agent shares with this process."""
         self.spec = spec
         self.root = root
         self.mode = mode
+        self.cgroups = cgroups or []
         self.launch = launch
         self.sandbox = sandbox or mode
         # Whether the agent's files are its own (else its writes to the task's data are checked).
@@ -374,7 +377,7 @@ class Supervisor:
         # attempt (openforge.sandbox.verifier), without the session token.
         with verifier.active(self.mode, view, dirs["AGENT"], self.root,
                              agent_env(dirs, {}, marker, self.pass_env),
-                             relay=self._relay) as checks:
+                             relay=self._relay, cgroups=self.cgroups) as checks:
             final_state = dict(self._call("environment",
                                           "capturing the final state (final_state)",
                                           environment.final_state, spec.task, workspace))
@@ -422,7 +425,7 @@ class Supervisor:
                          stdout=stdout, stderr=stderr, timeout_s=timeout_s, relay=self._relay,
                          # The supervisor's own children so far (services the environment
                          # started) are not the agent's.
-                         trusted=own_descendants())
+                         trusted=own_descendants(), cgroups=self.cgroups)
 
     def _forged(self, outputs: list[Path], fields: dict[str, Any]) -> dict[str, Any] | None:
         """The verdict when the agent's own output holds a result line (`sandbox.forgery`):
@@ -526,6 +529,9 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
                         help="an extra environment variable the agent may see (repeatable)")
     parser.add_argument("--key-on-stdin", action="store_true",
                         help="read the result key (hex) from stdin and sign the result with it")
+    parser.add_argument("--cgroup", action="append", default=[],
+                        help="the cgroup.procs file of a cgroup every sandbox of the attempt "
+                             "starts in (repeatable; the local executor makes them)")
     return parser.parse_args(argv)
 
 
@@ -553,7 +559,8 @@ def main(argv: list[str] | None = None) -> int:
                                    attempt=spec.attempt, session_id=spec.session_id,
                                    status="infra_error", error=str(exc))
         else:
-            result = execute(spec, root, mode, args.protect, args.pass_env)
+            result = execute(spec, root, mode, args.protect, args.pass_env,
+                             cgroups=args.cgroup)
     finally:
         if not args.dir:  # ours to remove; an executor's directory is the executor's
             shutil.rmtree(root, ignore_errors=True)

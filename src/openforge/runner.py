@@ -97,6 +97,7 @@ class AttemptRecord(StatusFlags, BaseModel):
     session_ids: list[str] = Field(default_factory=list)  # every try's session, last = this one
     prompt: str = ""
     sandbox: str = ""  # how the agent was isolated: bwrap, namespaces, none (in a Pod: inside it)
+    limits_reached: dict[str, int] = Field(default_factory=dict)  # RolloutResult's
     # The agent's stdout / stderr as files of the run folder (`logs/...`), relative to it.
     logs: dict[str, str] = Field(default_factory=dict)
     finished_at: float = Field(default_factory=time.time)
@@ -113,7 +114,8 @@ class AttemptRecord(StatusFlags, BaseModel):
             reward_details=reward.details if reward else {}, final_answer=result.final_answer,
             error=result.error, duration_s=result.duration_s, tries=attempt.tries,
             infra_errors=attempt.infra_errors, session_ids=attempt.session_ids,
-            prompt=task.prompt, sandbox=result.sandbox, logs=logs or {})
+            prompt=task.prompt, sandbox=result.sandbox, limits_reached=result.limits_reached,
+            logs=logs or {})
 
     def outcome(self) -> AttemptOutcome:
         return AttemptOutcome(task_id=self.task_id, attempt=self.attempt, status=self.status,

@@ -208,6 +208,8 @@ class RolloutResult(StatusFlags, BaseModel):
     was isolated: `bwrap`, `namespaces` or `none` (in a Pod: the mode inside it).
     `permanent` marks an infrastructure failure that another try cannot fix (an image that
     does not exist, a spec the cluster rejects): labelled like any infra failure, not retried.
+    `limits_reached` counts how often the agent met its rollout's limits (the local
+    executor's cgroup: `processes`, forks refused; `memory`, processes the OOM killer ended).
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -224,6 +226,7 @@ class RolloutResult(StatusFlags, BaseModel):
     sandbox: str = ""
     harness_output: dict[str, Any] = Field(default_factory=dict)
     permanent: bool = False
+    limits_reached: dict[str, int] = Field(default_factory=dict)
 
 
 class Sample(BaseModel):

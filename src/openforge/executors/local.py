@@ -18,6 +18,13 @@ the kernel lets this user create user, mount and PID namespaces, else `none`, wh
 loudly. docs/sandboxing.md says what each guarantees. `pass_env` names extra variables a
 rollout may see (never a credential-like name).
 
+`max_processes` (1024 by default) and `memory_max` (none by default) limit each rollout's
+agent through a cgroup of its own (`openforge.sandbox.cgroups`): the executor makes it
+before the supervisor starts, the supervisor starts every sandbox of the attempt in it, and
+the executor ends what is left in it and removes it afterwards. Where this user cannot make
+cgroups, the default process limit is left out (the run's header says so) and an explicit
+one is refused.
+
 The runner process is made a child subreaper: if an agent kills its supervisor (possible only
 without isolation), the agent's orphans are re-parented to the runner, and the executor ends
 every child the runner adopted since that supervisor started (other than supervisors).
@@ -39,7 +46,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import psutil
-from pydantic import Field, field_validator
+from pydantic import ByteSize, Field, field_validator
 
 from openforge.errors import OpenforgeError
 from openforge.executor import Executor
@@ -51,6 +58,7 @@ from openforge.executors.process import (
 )
 from openforge.options import PluginOptions
 from openforge.sandbox import forgery
+from openforge.sandbox.cgroups import CgroupError, Hits, RolloutCgroup, unavailable
 from openforge.sandbox.modes import (
     SandboxUnavailable,
     bwrap_path,
@@ -96,6 +104,13 @@ class LocalOptions(PluginOptions):
     """The interpreter that runs `python -m openforge.rollout`."""
     pass_env: list[str] = Field(default_factory=list)
     """Extra environment variables rollouts may see (never credentials)."""
+    max_processes: int | None = Field(default=1024, ge=1)
+    """Processes (threads count) each rollout's agent may have at once, its checks while
+    scoring included; a fork past it fails. None: no limit. Needs a cgroup this user can
+    make; without one the default is left out and an explicit value is refused."""
+    memory_max: ByteSize | None = None
+    """Memory (bytes, or e.g. "2GiB") each rollout's agent may use, swap included; past it
+    the kernel's OOM killer ends one of its processes. None: no limit. Needs a cgroup."""
 
     @field_validator("pass_env")
     @classmethod
@@ -129,19 +144,55 @@ class LocalExecutor(Executor):
         if self.mode == "none":
             # A same-user agent must not read the runner's environment (/proc/<pid>/environ).
             make_undumpable()
+        self.limits, self.no_limits = self._limits()
+
+    def _limits(self) -> tuple[dict[str, int], str | None]:
+        """The per-rollout limits to apply, and why the default ones are not, if so."""
+        asked = {"max_processes": self.options.max_processes,
+                 "memory_max": self.options.memory_max}
+        limits = {name: int(value) for name, value in asked.items() if value is not None}
+        if not limits:
+            return {}, None
+        why = unavailable(["processes" if name == "max_processes" else "memory"
+                           for name in limits])
+        if why is None:
+            return limits, None
+        explicit = sorted(set(limits) & self.options.model_fields_set)
+        if explicit:
+            raise LocalExecutorError(
+                f"executor option {explicit[0]}: {why}. Run as root, or in a cgroup delegated "
+                f"to this user, or set {explicit[0]} to null to run without the limit")
+        return {}, why
 
     def describe_sandbox(self) -> str:
         """One line for the run's header saying how rollouts are isolated."""
         if self.mode == "bwrap":
             return (f"sandbox: bubblewrap ({self.bwrap}): allowlisted read-only view, private "
-                    "/tmp, own PID namespace, no capabilities")
+                    "/tmp, own PID namespace, no capabilities" + self._limits_suffix())
         if self.mode == "namespaces":
             why = "" if self.options.sandbox == "namespaces" else "; bubblewrap is not available"
             return (f"sandbox: namespaces (user, mount, PID{why}): allowlisted read-only view, "
-                    "private /tmp, own PID namespace, no capabilities")
+                    "private /tmp, own PID namespace, no capabilities" + self._limits_suffix())
         why = "disabled by sandbox=none" if self.options.sandbox == "none" else \
             "neither bubblewrap nor unprivileged user namespaces are available"
-        return "sandbox: none. " + none_mode_warning(why)
+        limits = self._describe_limits()
+        return "sandbox: none. " + none_mode_warning(why) + \
+            (f" {limits[0].upper()}{limits[1:]}." if limits else "")
+
+    def _limits_suffix(self) -> str:
+        limits = self._describe_limits()
+        return f"; {limits}" if limits else ""
+
+    def _describe_limits(self) -> str:
+        """The limits per rollout, for the header ("" when none was asked for)."""
+        if self.no_limits:
+            return f"no process limit per rollout ({self.no_limits})"
+        parts = [f"at most {self.limits['max_processes']} processes"
+                 if "max_processes" in self.limits else "",
+                 f"{self.limits['memory_max'] / 2**20:,.0f} MiB of memory"
+                 if "memory_max" in self.limits else ""]
+        shown = " and ".join(p for p in parts if p)
+        return f"{shown} per rollout (cgroup)" if shown else ""
 
     def _layout(self, spec: RolloutSpec) -> tuple[Path, dict[str, str]]:
         base = self.options.base_dir
@@ -157,14 +208,24 @@ class LocalExecutor(Executor):
         env["PYTHONUNBUFFERED"] = "1"
         return root, env
 
-    def _argv(self, root: Path, spec_path: Path) -> list[str]:
+    def _argv(self, root: Path, spec_path: Path, cgroup: RolloutCgroup | None) -> list[str]:
         argv = [self.options.python, "-m", "openforge.rollout", "--sandbox", self.mode,
                 "--dir", str(root), "--key-on-stdin"]
         for path in self.protected:
             argv += ["--protect", str(path)]
         for name in self.options.pass_env:
             argv += ["--pass-env", name]
+        for procs in cgroup.procs_files if cgroup else []:
+            argv += ["--cgroup", procs]
         return argv + [str(spec_path)]
+
+    def _cgroup(self, spec: RolloutSpec) -> RolloutCgroup | None:
+        """The rollout's cgroup with its limits, or None when there are none."""
+        if not self.limits:
+            return None
+        return RolloutCgroup.create(f"openforge-{spec.rollout_id[:40]}-{uuid.uuid4().hex[:8]}",
+                                    max_processes=self.limits.get("max_processes"),
+                                    memory_max=self.limits.get("memory_max"))
 
     async def run(self, spec: RolloutSpec) -> RolloutResult:
         started = time.monotonic()
@@ -177,6 +238,15 @@ class LocalExecutor(Executor):
         proc: subprocess.Popen[bytes] | None = None
         timed_out = False
         try:
+            cgroup = self._cgroup(spec)
+        except CgroupError as exc:
+            shutil.rmtree(root, ignore_errors=True)
+            return RolloutResult(rollout_id=spec.rollout_id, task_id=spec.task.id,
+                                 attempt=spec.attempt, session_id=spec.session_id,
+                                 status="infra_error", error=str(exc), sandbox=self.mode)
+        left_in_cgroup: str | None = None
+        hits = Hits()
+        try:
             # Appended to: a line the agent writes through /proc/<supervisor>/fd/1 (possible
             # without isolation) stays before the supervisor's own, so `_collect` sees it.
             with output_file(stdout_path) as out, output_file(stderr_path) as err:
@@ -184,7 +254,8 @@ class LocalExecutor(Executor):
                 # no await between fork and registration, so a sweep never mistakes it for
                 # an orphan. Files, not pipes: a grandchild holding a pipe cannot stall us.
                 proc = subprocess.Popen(
-                    self._argv(root, spec_path), stdin=subprocess.PIPE, stdout=out, stderr=err,
+                    self._argv(root, spec_path, cgroup), stdin=subprocess.PIPE, stdout=out,
+                    stderr=err,
                     cwd=str(root), env=env, start_new_session=True, preexec_fn=die_with_parent())
             _SUPERVISORS.add(proc.pid)
             assert proc.stdin is not None
@@ -216,9 +287,21 @@ class LocalExecutor(Executor):
                     orphans = adopted_since(started_at)
                     if orphans:
                         await asyncio.shield(asyncio.to_thread(end_all, orphans, self.options.grace_s))
+            if cgroup is not None:  # the agent's last processes, wherever they hid, go with it
+                try:
+                    hits, _ = await asyncio.shield(asyncio.to_thread(cgroup.close))
+                except CgroupError as exc:
+                    left_in_cgroup = str(exc)
         result = self._collect(spec, stdout_path, stderr_path, key,
                                proc.returncode if proc else None, timed_out,
                                time.monotonic() - started)
+        if left_in_cgroup:
+            result = result.model_copy(update={
+                "status": "infra_error", "reward": None,
+                "error": f"could not end the agent's processes: {left_in_cgroup}"})
+        elif cgroup is not None:
+            # Reaching a limit is the agent's own doing, scored as it ended; the count says so.
+            result.limits_reached = hits.as_dict()
         if not self.options.keep_dirs:
             shutil.rmtree(root, ignore_errors=True)
         return result

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from openforge.executors.process import (
 )
 from openforge.harness import Command
 from openforge.sandbox.bwrap import bwrap_argv
+from openforge.sandbox.cgroups import joiner
 from openforge.sandbox.modes import SandboxMode, bwrap_path
 from openforge.sandbox.protocol import output_file
 from openforge.sandbox.relay import IN_SANDBOX, Relay
@@ -103,21 +105,34 @@ def _read_info(fd: int, until_eof: bool) -> dict[str, Any]:
 def run_agent(mode: SandboxMode, command: Command, *, env: dict[str, str], view: View,
               work_dir: Path, stdout: Path, stderr: Path, timeout_s: float,
               trusted: set[Identity], grace_s: float = 1.0,
-              relay: Relay | None = None) -> AgentExit:
+              relay: Relay | None = None, cgroups: Sequence[str] = ()) -> AgentExit:
     """Run `command` in `mode` (see the module docstring): in the isolating modes inside
     `view`, in a network namespace of its own that reaches only `relay`'s ports on
     127.0.0.1 (none without one); without isolation (`none`) the view is not mounted, the
     network is the host's, and `trusted` are the caller's own descendants, which are not the
-    agent's."""
+    agent's. The sandbox starts inside `cgroups` (`cgroup.procs` files: the rollout's
+    limits, `sandbox.cgroups`)."""
+    preexec = joiner(cgroups, then=die_with_parent()) if cgroups else die_with_parent()
     if mode == "none":
         return _run_plain(command, env=env, stdout=stdout, stderr=stderr, timeout_s=timeout_s,
-                          trusted=trusted, grace_s=grace_s)
+                          trusted=trusted, grace_s=grace_s, preexec=preexec)
     return _run_isolated(mode, command, env=env, view=view, work_dir=work_dir, stdout=stdout,
-                         stderr=stderr, timeout_s=timeout_s, grace_s=grace_s, relay=relay)
+                         stderr=stderr, timeout_s=timeout_s, grace_s=grace_s, relay=relay,
+                         preexec=preexec)
+
+
+def _start_error(argv0: str, exc: Exception) -> str:
+    """Why a sandbox did not start, in one line."""
+    if isinstance(exc, OSError):
+        return f"cannot run {argv0}: {exc.strerror or exc}"
+    # subprocess reports only that the preexec_fn raised: the cgroups are all it does besides
+    # arming the parent-death signal, which cannot fail.
+    return f"cannot start {argv0} in the rollout's cgroup ({exc})"
 
 
 def _run_plain(command: Command, *, env: dict[str, str], stdout: Path, stderr: Path,
-               timeout_s: float, trusted: set[Identity], grace_s: float) -> AgentExit:
+               timeout_s: float, trusted: set[Identity], grace_s: float,
+               preexec: Callable[[], None]) -> AgentExit:
     started = time.monotonic()
     timed_out = False
     try:
@@ -126,10 +141,9 @@ def _run_plain(command: Command, *, env: dict[str, str], stdout: Path, stderr: P
                 command.argv, cwd=str(command.cwd) if command.cwd else None, env=env,
                 stdout=out, stderr=err,
                 stdin=subprocess.PIPE if command.stdin is not None else subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=die_with_parent())
-    except OSError as exc:
-        return AgentExit(None, False, 0.0,
-                         setup_error=f"cannot run {command.argv[0]}: {exc.strerror or exc}")
+                start_new_session=True, preexec_fn=preexec)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return AgentExit(None, False, 0.0, setup_error=_start_error(command.argv[0], exc))
     try:
         # A thread feeds stdin, so a harness that never reads it cannot block us.
         threading.Thread(target=_feed, args=(proc, command.stdin), daemon=True).start()
@@ -153,7 +167,8 @@ def _run_plain(command: Command, *, env: dict[str, str], stdout: Path, stderr: P
 
 def _run_isolated(mode: SandboxMode, command: Command, *, env: dict[str, str], view: View,
                   work_dir: Path, stdout: Path, stderr: Path, timeout_s: float,
-                  grace_s: float, relay: Relay | None) -> AgentExit:
+                  grace_s: float, relay: Relay | None,
+                  preexec: Callable[[], None]) -> AgentExit:
     started = time.monotonic()
     view = dataclasses.replace(view, cwd=str(command.cwd or view.cwd))
     relayed: list[str] = []
@@ -184,7 +199,11 @@ def _run_isolated(mode: SandboxMode, command: Command, *, env: dict[str, str], v
             proc = subprocess.Popen(
                 argv, env=env, stdout=out, stderr=err, pass_fds=(info_w, status_w),
                 stdin=subprocess.PIPE if command.stdin is not None else subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=die_with_parent())
+                start_new_session=True, preexec_fn=preexec)
+    except (OSError, subprocess.SubprocessError) as exc:
+        for fd in (info_r, status_r):
+            os.close(fd)
+        return AgentExit(None, False, 0.0, setup_error=_start_error(argv[0], exc))
     finally:
         os.close(info_w)
         os.close(status_w)

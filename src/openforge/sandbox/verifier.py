@@ -40,6 +40,7 @@ class _Sandbox:
     work_dir: Path
     env: dict[str, str]
     relay: Relay | None = None
+    cgroups: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     counter: Iterator[int] = field(default_factory=itertools.count)
 
@@ -49,11 +50,14 @@ _current: _Sandbox | None = None
 
 @contextlib.contextmanager
 def active(mode: SandboxMode, view: View, agent_dir: Path, work_dir: Path,
-           env: dict[str, str], relay: Relay | None = None) -> Iterator[_Sandbox]:
+           env: dict[str, str], relay: Relay | None = None,
+           cgroups: list[str] | None = None) -> Iterator[_Sandbox]:
     """While scoring: `run` uses this attempt's sandbox (the supervisor's business), whose
-    network reaches `relay`'s ports, as the agent's did."""
+    network reaches `relay`'s ports and which starts in the rollout's `cgroups`, as the
+    agent's did."""
     global _current
-    previous, _current = _current, _Sandbox(mode, view, agent_dir, work_dir, env, relay)
+    previous, _current = _current, _Sandbox(mode, view, agent_dir, work_dir, env, relay,
+                                            list(cgroups or []))
     try:
         yield _current
     finally:
@@ -86,7 +90,7 @@ def run(argv: Sequence[str], cwd: Path | str, timeout_s: float = 60.0,
     exit_ = run_agent(sandbox.mode, Command(argv=list(argv), cwd=Path(cwd), stdin=stdin),
                       env=dict(sandbox.env), view=sandbox.view, work_dir=work, stdout=out,
                       stderr=err, timeout_s=timeout_s, trusted=own_descendants(),
-                      relay=sandbox.relay)
+                      relay=sandbox.relay, cgroups=sandbox.cgroups)
     sandbox.removed += scrub_agent(sandbox.agent_dir, sandbox.view)
     if exit_.setup_error:
         return ProcessOutput(returncode=127, stderr=exit_.setup_error,

@@ -1,0 +1,266 @@
+"""A cgroup of each rollout's own: how many processes its agent may have, and how much memory.
+
+A sandbox's namespaces hide the host, but do not bound what the agent uses of it: a command
+that forks without end takes the host's PIDs (`kernel.pid_max` is the whole machine's), and
+with them the runner's, the gateway's and every other rollout's forks. `RLIMIT_NPROC` cannot
+bound one sandbox (the kernel counts it per user across user namespaces, and not for root);
+a cgroup can. The local executor makes one per rollout (`RolloutCgroup.create`), in each
+hierarchy that has the controller it needs (`pids` for `max_processes`, `memory` for
+`memory_max`), under the runner's own cgroup; the supervisor starts the agent (and every
+check that runs the agent's code while scoring) inside it (`joiner`: the child joins
+before it runs the command, so nothing it starts is outside); once the rollout has ended the
+executor ends whatever is still in it and removes it (`close`), and says when a limit was
+reached (`Hits`).
+
+cgroup v1 (a hierarchy per controller) and v2 (one hierarchy, where the runner's cgroup has
+the controllers enabled for its children, as a delegated systemd scope has) are both used.
+Where neither lets the runner make a cgroup (not root, nothing delegated), `unavailable`
+says why, and the executor runs without the limits (its header says so) unless they were
+asked for explicitly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from openforge.errors import OpenforgeError
+
+# What each limit needs, and its files in v1 and v2.
+_CONTROLLER = {"processes": "pids", "memory": "memory"}
+_LIMIT_FILE = {("pids", 1): "pids.max", ("pids", 2): "pids.max",
+               ("memory", 1): "memory.limit_in_bytes", ("memory", 2): "memory.max"}
+# Swap would let a process past its memory limit: counted with it (v1), or none at all (v2).
+_SWAP_FILE = {1: "memory.memsw.limit_in_bytes", 2: "memory.swap.max"}
+
+_KILL_ROUNDS = 200  # of SIGKILL to every member, 10 ms apart: a fork loop is outpaced at once
+_REMOVE_TRIES = 100  # rmdir waits for the kernel to finish taking the killed processes out
+
+
+class CgroupError(OpenforgeError):
+    """A rollout's cgroup could not be made, joined or removed; the message says why."""
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """Where a controller is mounted, and this process's cgroup in it (`own`)."""
+
+    controller: str
+    version: int  # 1 or 2
+    own: Path
+
+
+def _mounts() -> list[tuple[str, Path, str, set[str]]]:
+    """(root inside the hierarchy, mount point, fstype, super options) of each cgroup mount."""
+    found = []
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        head, _, tail = line.partition(" - ")
+        fields, rest = head.split(), tail.split()
+        if len(fields) >= 5 and len(rest) >= 3 and rest[0] in ("cgroup", "cgroup2"):
+            found.append((fields[3], Path(fields[4]), rest[0], set(rest[2].split(","))))
+    return found
+
+
+def hierarchies() -> dict[str, Hierarchy]:
+    """Each controller this process's cgroups can use, by name (v1 first, as the kernel
+    gives a controller to one version only)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return {}
+    mounts = _mounts()
+    found: dict[str, Hierarchy] = {}
+    for line in lines:
+        number, controllers, path = line.split(":", 2)
+        for root, point, fstype, options in mounts:
+            if number == "0" and fstype == "cgroup2":
+                own = point / os.path.relpath(path, root)
+                enabled = (own / "cgroup.subtree_control")
+                names = enabled.read_text().split() if enabled.exists() else []
+                for name in names:
+                    found.setdefault(name, Hierarchy(name, 2, own))
+            elif fstype == "cgroup" and controllers:
+                for name in controllers.split(","):
+                    if name in options:
+                        found[name] = Hierarchy(name, 1, point / os.path.relpath(path, root))
+    return found
+
+
+def unavailable(limits: Iterable[str]) -> str | None:
+    """Why a rollout cgroup with these limits ("processes", "memory") cannot be made here,
+    or None when it can (a cgroup is made, limited and removed to find out)."""
+    found = hierarchies()
+    for limit in limits:
+        controller = _CONTROLLER[limit]
+        if controller not in found:
+            return (f"no cgroup hierarchy of this process has the {controller} controller "
+                    "(cgroup v1 with it mounted, or v2 with it enabled for this process's "
+                    "cgroup's children, as a delegated systemd scope has)")
+        probe = found[controller].own / f"openforge-probe-{uuid.uuid4().hex[:8]}"
+        try:
+            probe.mkdir()
+        except OSError as exc:
+            return f"cannot make a cgroup in {probe.parent}: {exc.strerror or exc}"
+        try:
+            limit_file = probe / _LIMIT_FILE[controller, found[controller].version]
+            if not limit_file.exists():
+                return f"a new cgroup in {probe.parent} has no {limit_file.name}"
+        finally:
+            with contextlib.suppress(OSError):
+                probe.rmdir()
+    return None
+
+
+@dataclass
+class Hits:
+    """How often a rollout's limits were reached: forks refused, processes the OOM killer
+    took."""
+
+    processes: int = 0
+    memory: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: n for name, n in (("processes", self.processes),
+                                        ("memory", self.memory)) if n}
+
+
+@dataclass
+class RolloutCgroup:
+    """One rollout's cgroups, one per limited controller."""
+
+    dirs: dict[str, tuple[Path, int]] = field(default_factory=dict)  # controller -> (dir, v)
+
+    @classmethod
+    def create(cls, name: str, max_processes: int | None = None,
+               memory_max: int | None = None) -> RolloutCgroup:
+        """Make the cgroups (named `name`) and set their limits; raise `CgroupError`."""
+        found = hierarchies()
+        made = cls()
+        try:
+            for controller, value in (("pids", max_processes), ("memory", memory_max)):
+                if value is None:
+                    continue
+                if controller not in found:
+                    raise CgroupError(f"no {controller} cgroup hierarchy to limit the rollout in")
+                where = found[controller]
+                path = where.own / name
+                path.mkdir()
+                made.dirs[controller] = (path, where.version)
+                (path / _LIMIT_FILE[controller, where.version]).write_text(str(value))
+                swap = path / _SWAP_FILE[where.version]
+                if controller == "memory" and swap.exists():
+                    swap.write_text(str(value) if where.version == 1 else "0")
+        except OSError as exc:
+            made.close()
+            raise CgroupError(f"cannot make the rollout's cgroup {name}: "
+                              f"{exc.strerror or exc} ({exc.filename})") from None
+        except CgroupError:
+            made.close()
+            raise
+        return made
+
+    @property
+    def procs_files(self) -> list[str]:
+        """The `cgroup.procs` files a process writes itself into to join."""
+        return [str(path / "cgroup.procs") for path, _ in self.dirs.values()]
+
+    def members(self) -> set[int]:
+        """The processes in the rollout's cgroups now."""
+        pids: set[int] = set()
+        for path, _ in self.dirs.values():
+            with contextlib.suppress(OSError):
+                pids.update(int(p) for p in (path / "cgroup.procs").read_text().split())
+        return pids
+
+    def hits(self) -> Hits:
+        """How often the limits were reached so far."""
+        hits = Hits()
+        for controller, (path, version) in self.dirs.items():
+            events = "pids.events" if controller == "pids" else \
+                ("memory.oom_control" if version == 1 else "memory.events")
+            counts = _counts(path / events)
+            if controller == "pids":
+                hits.processes = counts.get("max", 0)
+            else:
+                hits.memory = counts.get("oom_kill", 0)
+        return hits
+
+    def close(self) -> tuple[Hits, int]:
+        """End every process still in the cgroups, then remove them: (the hits, how many
+        processes were ended). Raise `CgroupError` when one cannot be removed."""
+        hits = self.hits() if self.dirs else Hits()
+        ended: set[int] = set()
+        for _ in range(_KILL_ROUNDS):
+            members = self.members()
+            if not members:
+                break
+            ended |= members
+            for pid in members:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
+            for pid in members:  # those that came to this process (a subreaper): reaped
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(pid, os.WNOHANG)
+        stuck = []
+        for controller, (path, _) in list(self.dirs.items()):
+            for _ in range(_REMOVE_TRIES):
+                try:
+                    path.rmdir()
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    if exc.errno == errno.EBUSY:  # its last processes are still exiting
+                        time.sleep(0.01)
+                        continue
+                    stuck.append(f"{path}: {exc.strerror}")
+                    break
+                del self.dirs[controller]
+                break
+            else:
+                stuck.append(f"{path}: still has processes {sorted(self.members())}")
+        if stuck:
+            raise CgroupError("cannot remove the rollout's cgroup: " + "; ".join(stuck))
+        return hits, len(ended)
+
+
+def _counts(path: Path) -> dict[str, int]:
+    """A cgroup's `key value` lines as numbers ({} when it has no such file)."""
+    counts: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if value.strip().isdigit():
+                counts[key] = int(value)
+    return counts
+
+
+def joiner(procs_files: Sequence[str], then: Callable[[], None] | None = None
+           ) -> Callable[[], None]:
+    """A `preexec_fn` that moves the new process into the rollout's cgroups (before it runs
+    its command, so all it starts is inside them), then calls `then`. A cgroup it cannot
+    join makes the start fail (the caller sees the error) rather than run without limit."""
+    targets = [f.encode() for f in procs_files]
+
+    def join() -> None:
+        for target in targets:
+            fd = os.open(target, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+        if then is not None:
+            then()
+
+    return join

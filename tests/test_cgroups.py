@@ -1,0 +1,113 @@
+"""A rollout's cgroup (openforge.sandbox.cgroups): real cgroups of this machine, made, joined,
+limited, emptied and removed; and what the local executor does where none can be made.
+The runs through every sandbox mode are in test_adversarial.py (`forkbomb`, `hog`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from openforge.executors.local import LocalExecutor, LocalExecutorError
+from openforge.harness import Command
+from openforge.sandbox import cgroups
+from openforge.sandbox.agent import run_agent
+from openforge.sandbox.cgroups import RolloutCgroup, joiner
+from openforge.sandbox.modes import bwrap_path
+from openforge.sandbox.view import View
+
+NO_CGROUPS = cgroups.unavailable(["processes", "memory"])
+needs_cgroups = pytest.mark.skipif(NO_CGROUPS is not None,
+                                   reason=f"no cgroup this user can make: {NO_CGROUPS}")
+
+# Forks until refused (at most 500 times), each child asleep with its output closed (the
+# test reads the parent's to its end); prints how many it made.
+FORK_LOOP = """
+import os, time
+n = 0
+for _ in range(500):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        time.sleep(600)
+        os._exit(0)
+    n += 1
+print(n, flush=True)
+"""
+
+
+@needs_cgroups
+def test_a_rollout_cgroup_bounds_what_starts_in_it_and_goes_without_a_trace() -> None:
+    group = RolloutCgroup.create("openforge-test-forks", max_processes=12)
+    [(path, _)] = group.dirs.values()
+    try:
+        out = subprocess.run([sys.executable, "-c", FORK_LOOP], capture_output=True, text=True,
+                             preexec_fn=joiner(group.procs_files), timeout=120)
+        forked = int(out.stdout)
+        assert 0 < forked < 12  # the python itself is one of the 12
+        assert group.hits().processes >= 1
+        assert len(group.members()) == forked  # its children live on, asleep, in the cgroup
+    finally:
+        hits, ended = group.close()
+    assert hits.as_dict()["processes"] >= 1 and ended == forked
+    assert not path.exists() and group.dirs == {}
+
+
+@needs_cgroups
+def test_a_process_past_the_memory_limit_is_ended_and_counted() -> None:
+    group = RolloutCgroup.create("openforge-test-memory", memory_max=64 << 20)
+    try:
+        ran = subprocess.run([sys.executable, "-c", "b = bytearray(512 << 20)\n"
+                              "for i in range(0, len(b), 4096): b[i] = 1\nprint('survived')"],
+                             capture_output=True, text=True, timeout=120,
+                             preexec_fn=joiner(group.procs_files))
+        assert ran.returncode == -9 and "survived" not in ran.stdout
+    finally:
+        hits, _ = group.close()
+    assert hits.memory >= 1
+
+
+def test_a_sandbox_that_cannot_join_its_cgroup_does_not_start(tmp_path: Path) -> None:
+    gone = tmp_path / "removed-cgroup" / "cgroup.procs"
+    exit_ = run_agent("none", Command(argv=["true"]), env={}, view=View(binds=[]),
+                      work_dir=tmp_path, stdout=tmp_path / "out", stderr=tmp_path / "err",
+                      timeout_s=30, trusted=set(), cgroups=[str(gone)])
+    assert exit_.returncode is None
+    assert exit_.setup_error is not None
+    assert exit_.setup_error.startswith("cannot start true in the rollout's cgroup")
+
+
+def test_without_cgroups_the_default_limit_is_left_out_and_an_explicit_one_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cgroups, "hierarchies", dict)  # a machine with no cgroup to use
+    executor = LocalExecutor(sandbox="none")
+    assert executor.limits == {}
+    assert executor.describe_sandbox().startswith("sandbox: none. WARNING")
+    assert "guarantees. No process limit per rollout (no cgroup hierarchy of this process " \
+        "has the pids controller" in executor.describe_sandbox()
+    for option, value in (("max_processes", 100), ("memory_max", "1GiB")):
+        with pytest.raises(LocalExecutorError) as refused:
+            LocalExecutor(sandbox="none", **{option: value})
+        assert str(refused.value).startswith(f"executor option {option}: no cgroup hierarchy")
+        assert f"set {option} to null to run without the limit" in str(refused.value)
+    assert LocalExecutor(sandbox="none", max_processes=None).describe_sandbox().startswith(
+        "sandbox: none. WARNING")  # nothing asked, nothing said
+
+
+@needs_cgroups
+def test_the_runs_header_says_the_limits() -> None:
+    executor = LocalExecutor(sandbox="none", memory_max="1GiB")
+    assert executor.limits == {"max_processes": 1024, "memory_max": 1 << 30}
+    assert executor.describe_sandbox().endswith(
+        "guarantees. At most 1024 processes and 1,024 MiB of memory per rollout (cgroup).")
+    isolated = LocalExecutor(sandbox="bwrap" if bwrap_path() else "none", max_processes=50)
+    if isolated.mode == "bwrap":
+        assert isolated.describe_sandbox().endswith(
+            "no capabilities; at most 50 processes per rollout (cgroup)")
