@@ -330,7 +330,7 @@ def sibling(know: dict[str, Any]) -> None:
 # Forks until the kernel refuses, at most `tries` times (bounded: without a limit it stops
 # there rather than take the host), each child asleep with its output closed so that the
 # shell call returns; prints how many forks succeeded.
-_FORK_LOOP = """
+FORK_LOOP = """
 import os, time
 forked = 0
 for _ in range(%(tries)d):
@@ -353,8 +353,8 @@ def forkbomb(know: dict[str, Any]) -> None:
     """Fork until refused, and leave a verify.py that does the same while the checker scores
     (the agent's code, run on the trusted side's behalf)."""
     with open("verify.py", "w") as f:
-        f.write(_FORK_LOOP % {"tries": know["fork_tries"], "who": "VERIFIER"})
-    exec(_FORK_LOOP % {"tries": know["fork_tries"], "who": "AGENT"})
+        f.write(FORK_LOOP % {"tries": know["fork_tries"], "who": "VERIFIER"})
+    exec(FORK_LOOP % {"tries": know["fork_tries"], "who": "AGENT"})
 
 
 def hog(know: dict[str, Any]) -> None:

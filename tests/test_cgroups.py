@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from attack_programs import FORK_LOOP
 
 from openforge.executors.local import LocalExecutor, LocalExecutorError
 from openforge.harness import Command
@@ -22,25 +23,9 @@ NO_CGROUPS = cgroups.unavailable(["processes", "memory"])
 needs_cgroups = pytest.mark.skipif(NO_CGROUPS is not None,
                                    reason=f"no cgroup this user can make: {NO_CGROUPS}")
 
-# Forks until refused (at most 500 times), each child asleep with its output closed (the
-# test reads the parent's to its end); prints how many it made.
-FORK_LOOP = """
-import os, time
-n = 0
-for _ in range(500):
-    try:
-        pid = os.fork()
-    except OSError:
-        break
-    if pid == 0:
-        null = os.open(os.devnull, os.O_RDWR)
-        os.dup2(null, 1)
-        os.dup2(null, 2)
-        time.sleep(600)
-        os._exit(0)
-    n += 1
-print(n, flush=True)
-"""
+# Forks until refused (at most 500 times), each child asleep with its output closed; prints
+# how many it made.
+FORKS = FORK_LOOP % {"tries": 500, "who": "FORKS"}
 
 
 @needs_cgroups
@@ -48,9 +33,9 @@ def test_a_rollout_cgroup_bounds_what_starts_in_it_and_goes_without_a_trace() ->
     group = RolloutCgroup.create("openforge-test-forks", max_processes=12)
     [(path, _)] = group.dirs.values()
     try:
-        out = subprocess.run([sys.executable, "-c", FORK_LOOP], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", FORKS], capture_output=True, text=True,
                              preexec_fn=joiner(group.procs_files), timeout=120)
-        forked = int(out.stdout)
+        forked = int(out.stdout.removeprefix("FORKS forked "))
         assert 0 < forked < 12  # the python itself is one of the 12
         assert group.hits().processes >= 1
         assert len(group.members()) == forked  # its children live on, asleep, in the cgroup
