@@ -99,26 +99,14 @@ def hierarchies() -> dict[str, Hierarchy]:
 
 def unavailable(limits: Iterable[str]) -> str | None:
     """Why a rollout cgroup with these limits ("processes", "memory") cannot be made here,
-    or None when it can (a cgroup is made, limited and removed to find out)."""
-    found = hierarchies()
-    for limit in limits:
-        controller = _CONTROLLER[limit]
-        if controller not in found:
-            return (f"no cgroup hierarchy of this process has the {controller} controller "
-                    "(cgroup v1 with it mounted, or v2 with it enabled for this process's "
-                    "cgroup's children, as a delegated systemd scope has)")
-        probe = found[controller].own / f"openforge-probe-{uuid.uuid4().hex[:8]}"
-        try:
-            probe.mkdir()
-        except OSError as exc:
-            return f"cannot make a cgroup in {probe.parent}: {exc.strerror or exc}"
-        try:
-            limit_file = probe / _LIMIT_FILE[controller, found[controller].version]
-            if not limit_file.exists():
-                return f"a new cgroup in {probe.parent} has no {limit_file.name}"
-        finally:
-            with contextlib.suppress(OSError):
-                probe.rmdir()
+    or None when it can (one is made, limited and removed to find out)."""
+    asked = set(limits)
+    try:
+        RolloutCgroup.create(f"openforge-probe-{uuid.uuid4().hex[:8]}",
+                             max_processes=1 << 20 if "processes" in asked else None,
+                             memory_max=1 << 40 if "memory" in asked else None).close()
+    except CgroupError as exc:
+        return str(exc)
     return None
 
 
@@ -152,7 +140,10 @@ class RolloutCgroup:
                 if value is None:
                     continue
                 if controller not in found:
-                    raise CgroupError(f"no {controller} cgroup hierarchy to limit the rollout in")
+                    raise CgroupError(
+                        f"no cgroup hierarchy of this process has the {controller} controller "
+                        "(cgroup v1 with it mounted, or v2 with it enabled for this process's "
+                        "cgroup's children, as a delegated systemd scope has)")
                 where = found[controller]
                 path = where.own / name
                 path.mkdir()
