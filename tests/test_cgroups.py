@@ -4,10 +4,13 @@ The runs through every sandbox mode are in test_adversarial.py (`forkbomb`, `hog
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from attack_programs import FORK_LOOP
 
@@ -30,7 +33,7 @@ FORKS = FORK_LOOP % {"tries": 500, "who": "FORKS"}
 
 @needs_cgroups
 def test_a_rollout_cgroup_bounds_what_starts_in_it_and_goes_without_a_trace() -> None:
-    group = RolloutCgroup.create("openforge-test-forks", max_processes=12)
+    group = RolloutCgroup.create("test-forks", max_processes=12)
     [(path, _)] = group.dirs.values()
     try:
         out = subprocess.run([sys.executable, "-c", FORKS], capture_output=True, text=True,
@@ -47,7 +50,7 @@ def test_a_rollout_cgroup_bounds_what_starts_in_it_and_goes_without_a_trace() ->
 
 @needs_cgroups
 def test_a_process_past_the_memory_limit_is_ended_and_counted() -> None:
-    group = RolloutCgroup.create("openforge-test-memory", memory_max=64 << 20)
+    group = RolloutCgroup.create("test-memory", memory_max=64 << 20)
     try:
         ran = subprocess.run([sys.executable, "-c", "b = bytearray(512 << 20)\n"
                               "for i in range(0, len(b), 4096): b[i] = 1\nprint('survived')"],
@@ -86,13 +89,66 @@ def test_without_cgroups_the_default_limit_is_left_out_and_an_explicit_one_refus
         "sandbox: none. WARNING")  # nothing asked, nothing said
 
 
+# A runner that makes a rollout cgroup, starts a sleeper in it (in a session of its own, so
+# it outlives the runner), says both, then waits for a line: killed, it never removes them.
+RUNNER = """
+import subprocess, sys
+from openforge.sandbox.cgroups import RolloutCgroup, joiner
+group = RolloutCgroup.create("sweep-me", max_processes=20)
+sleeper = subprocess.Popen(["sleep", "600"], preexec_fn=joiner(group.procs_files),
+                           start_new_session=True)
+[(path, _)] = group.dirs.values()
+print(path, sleeper.pid, flush=True)
+sys.stdin.readline()
+group.close()
+"""
+
+
+@needs_cgroups
+def test_the_cgroups_a_killed_runner_left_are_swept_and_a_live_runners_kept() -> None:
+    [where] = {h.own for h in cgroups.hierarchies().values() if h.controller == "pids"}
+    namespace, pid, start = cgroups._runner_tag(os.getpid()).split(".")
+    # This process's pid with another start time: a runner gone, its pid reused.
+    reused = where / f"openforge-{namespace}.{pid}.{int(start) + 1}-reused-0"
+    # A runner in another PID namespace: its pid cannot be checked from here.
+    elsewhere = where / f"openforge-{int(namespace) + 1}.1.1-elsewhere-0"
+    killed, live = (subprocess.Popen([sys.executable, "-c", RUNNER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True) for _ in range(2))
+    try:
+        assert killed.stdout is not None and live.stdout is not None
+        killed_path, sleeper = killed.stdout.readline().split()
+        live_path, _ = live.stdout.readline().split()
+        killed.kill()
+        killed.wait()
+        for path in (reused, elsewhere):
+            path.mkdir()
+        assert Path(killed_path).exists() and psutil.pid_exists(int(sleeper))
+
+        removed = cgroups.sweep()
+
+        assert {Path(killed_path).name, reused.name} <= set(removed)
+        assert not Path(killed_path).exists() and not reused.exists()
+        assert not psutil.pid_exists(int(sleeper)) or \
+            psutil.Process(int(sleeper)).status() == psutil.STATUS_ZOMBIE
+        assert Path(live_path).exists() and elsewhere.exists()
+        assert Path(live_path).name not in removed and elsewhere.name not in removed
+    finally:
+        for path in (reused, elsewhere):
+            with contextlib.suppress(FileNotFoundError):
+                path.rmdir()
+        killed.kill()
+        live.communicate("\n", timeout=60)
+    assert not Path(live_path).exists()
+
+
 @needs_cgroups
 def test_the_runs_header_says_the_limits() -> None:
     executor = LocalExecutor(sandbox="none", memory_max="1GiB")
     assert executor.limits == {"max_processes": 1024, "memory_max": 1 << 30}
-    assert executor.describe_sandbox().endswith(
-        "guarantees. At most 1024 processes and 1,024 MiB of memory per rollout (cgroup).")
+    # (A sweep's note may follow: another test's runner may have been killed.)
+    assert "guarantees. At most 1024 processes and 1,024 MiB of memory per rollout (cgroup)" \
+        in executor.describe_sandbox()
     isolated = LocalExecutor(sandbox="bwrap" if bwrap_path() else "none", max_processes=50)
     if isolated.mode == "bwrap":
-        assert isolated.describe_sandbox().endswith(
-            "no capabilities; at most 50 processes per rollout (cgroup)")
+        assert "no capabilities; at most 50 processes per rollout (cgroup)" \
+            in isolated.describe_sandbox()

@@ -18,6 +18,7 @@ import yaml
 
 from openforge.config import EngineConfig, RunConfig
 from openforge.runner import RunError, read_results, run_from_config
+from openforge.sandbox import cgroups
 from openforge.store import Store
 
 HERE = Path(__file__).parent
@@ -78,8 +79,9 @@ def _gated_script(tmp_path: Path) -> Path:
     gates = tmp_path / "gates"
     gates.mkdir(exist_ok=True)
     # The rollout's directory is <base>/<name>/agent/workspace: its gate is gates/<name>.
-    wait = (f'name=$(basename "$(dirname "$(dirname "$PWD")")"); until [ -e {gates}/all ] || '
-            f'[ -e "{gates}/$name" ]; do sleep 0.05; done')
+    # It says it waits in its workspace (`_wait_for_a_waiting_rollout`).
+    wait = (f'name=$(basename "$(dirname "$(dirname "$PWD")")"); touch .waiting; '
+            f'until [ -e {gates}/all ] || [ -e "{gates}/$name" ]; do sleep 0.05; done')
     entries = yaml.safe_load(FULL.read_text())
     for entry in entries:
         entry["replies"].insert(0, {"tool_calls": [{"name": "shell",
@@ -137,6 +139,25 @@ def _wait_for_results(tmp_path: Path, lines: int, proc: subprocess.Popen[str]) -
     raise AssertionError("the run produced no results in time")
 
 
+def _wait_for_a_waiting_rollout(tmp_path: Path, proc: subprocess.Popen[str]) -> None:
+    """Wait until a rollout's agent runs (its sandbox is set up, in its cgroup) and waits at
+    its closed gate."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if any(not (tmp_path / "gates" / said.parents[2].name).exists()
+               for said in (tmp_path / "sandboxes").glob("*/agent/workspace/.waiting")):
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("no rollout started in time")
+
+
+def _cgroups_of(runner_pid: int) -> list[str]:
+    """The rollout cgroups the runner with this pid made, in every hierarchy."""
+    return sorted(path.name for where in cgroups.hierarchies().values()
+                  for path in where.own.glob(f"openforge-*.{runner_pid}.*"))
+
+
 def _assert_complete(run_dir: Path, tasks: int = 2, k: int = 2) -> None:
     records = read_results(run_dir)
     counts = Counter(r.task_id for r in records)
@@ -173,10 +194,13 @@ def test_interrupted_then_killed_run_resumes_to_exactly_k_attempts(
     after_interrupt = len(read_results(run_dir))
     assert after_interrupt == 1
 
-    # 2. Resume, then SIGKILL the resumed runner: no clean-up code runs at all.
+    # 2. Resume, then SIGKILL the resumed runner while a rollout waits: no clean-up code
+    # runs at all.
     proc = _start_run(tmp_path, resume=run_dir)
     _open_next_gate(tmp_path, proc)
     _wait_for_results(tmp_path, after_interrupt + 1, proc)
+    _wait_for_a_waiting_rollout(tmp_path, proc)
+    left_behind = _cgroups_of(proc.pid)
     proc.kill()
     proc.communicate()
     deadline = time.monotonic() + 10
@@ -185,6 +209,11 @@ def test_interrupted_then_killed_run_resumes_to_exactly_k_attempts(
     assert _leftovers(tmp_path) == []  # the sandboxes died with their parent
     after_kill = len(read_results(run_dir))
     assert after_interrupt < after_kill
+
+    # The killed runner's rollout cgroup (where this machine lets a runner make one) stays
+    # until the next executor is made, which removes it.
+    assert _cgroups_of(proc.pid) == left_behind
+    assert len(left_behind) == (0 if cgroups.unavailable(["processes"]) else 1)
 
     # 3. Resume to the end: only the missing attempts run, each task has exactly k.
     # A SIGKILL can tear the last line mid-write: it must be skipped, not glued to the next.
@@ -196,6 +225,7 @@ def test_interrupted_then_killed_run_resumes_to_exactly_k_attempts(
     assert summary.attempts_run == 4 - after_kill
     _assert_complete(run_dir)
     assert os.path.exists(run_dir / "report.html")
+    assert _cgroups_of(proc.pid) == []
     # The killed runner's tries died with it: their sessions were closed on resume.
     with Store(run_dir / "store.sqlite") as store:
         assert [s.id for s in store.list_sessions(summary.run_id) if s.status == "open"] == []

@@ -58,7 +58,7 @@ from openforge.executors.process import (
 )
 from openforge.options import PluginOptions
 from openforge.sandbox import forgery
-from openforge.sandbox.cgroups import CgroupError, Hits, RolloutCgroup, unavailable
+from openforge.sandbox.cgroups import CgroupError, Hits, RolloutCgroup, sweep, unavailable
 from openforge.sandbox.modes import (
     SandboxUnavailable,
     bwrap_path,
@@ -144,6 +144,7 @@ class LocalExecutor(Executor):
         if self.mode == "none":
             # A same-user agent must not read the runner's environment (/proc/<pid>/environ).
             make_undumpable()
+        self.swept: list[str] = []  # cgroups that killed runners left, removed at start
         self.limits, self.no_limits = self._limits()
 
     def _limits(self) -> tuple[dict[str, int], str | None]:
@@ -156,6 +157,7 @@ class LocalExecutor(Executor):
         why = unavailable(["processes" if name == "max_processes" else "memory"
                            for name in limits])
         if why is None:
+            self.swept = sweep()
             return limits, None
         explicit = sorted(set(limits) & self.options.model_fields_set)
         if explicit:
@@ -192,7 +194,9 @@ class LocalExecutor(Executor):
                  f"{self.limits['memory_max'] / 2**20:,.0f} MiB of memory"
                  if "memory_max" in self.limits else ""]
         shown = " and ".join(p for p in parts if p)
-        return f"{shown} per rollout (cgroup)" if shown else ""
+        swept = f"; removed {len(self.swept)} cgroups that killed runners had left" \
+            if self.swept else ""
+        return f"{shown} per rollout (cgroup){swept}" if shown else ""
 
     def _layout(self, spec: RolloutSpec) -> tuple[Path, dict[str, str]]:
         base = self.options.base_dir
@@ -223,8 +227,7 @@ class LocalExecutor(Executor):
         """The rollout's cgroup with its limits, or None when there are none."""
         if not self.limits:
             return None
-        return RolloutCgroup.create(f"openforge-{spec.rollout_id[:40]}-{uuid.uuid4().hex[:8]}",
-                                    max_processes=self.limits.get("max_processes"),
+        return RolloutCgroup.create(spec.rollout_id, max_processes=self.limits.get("max_processes"),
                                     memory_max=self.limits.get("memory_max"))
 
     async def run(self, spec: RolloutSpec) -> RolloutResult:

@@ -10,7 +10,9 @@ hierarchy that has the controller it needs (`pids` for `max_processes`, `memory`
 check that runs the agent's code while scoring) inside it (`joiner`: the child joins
 before it runs the command, so nothing it starts is outside); once the rollout has ended the
 executor ends whatever is still in it and removes it (`close`), and says when a limit was
-reached (`Hits`).
+reached (`Hits`). A runner killed with SIGKILL cannot remove its rollouts' cgroups; the
+next executor made on the machine does (`sweep`): each cgroup's name says which runner
+made it.
 
 cgroup v1 (a hierarchy per controller) and v2 (one hierarchy, where the runner's cgroup has
 the controllers enabled for its children, as a delegated systemd scope has) are both used.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import signal
 import time
 import uuid
@@ -39,6 +42,12 @@ _LIMIT_FILE = {("pids", 1): "pids.max", ("pids", 2): "pids.max",
                ("memory", 1): "memory.limit_in_bytes", ("memory", 2): "memory.max"}
 # Swap would let a process past its memory limit: counted with it (v1), or none at all (v2).
 _SWAP_FILE = {1: "memory.memsw.limit_in_bytes", 2: "memory.swap.max"}
+
+# A rollout cgroup's name: openforge-<runner>-<label>-<random>, where <runner> is
+# <PID namespace inode>.<pid>.<start time> of the process that made it, so a sweep can tell a
+# runner that is gone from one that lives (also after its pid is reused), and leaves alone
+# the cgroups of runners in another PID namespace, whose pids it cannot check.
+_NAME = re.compile(r"openforge-(\d+)\.(\d+)\.(\d+)-")
 
 _KILL_ROUNDS = 200  # of SIGKILL to every member, 10 ms apart: a fork loop is outpaced at once
 _REMOVE_TRIES = 100  # rmdir waits for the kernel to finish taking the killed processes out
@@ -102,7 +111,7 @@ def unavailable(limits: Iterable[str]) -> str | None:
     or None when it can (one is made, limited and removed to find out)."""
     asked = set(limits)
     try:
-        RolloutCgroup.create(f"openforge-probe-{uuid.uuid4().hex[:8]}",
+        RolloutCgroup.create("probe",
                              max_processes=1 << 20 if "processes" in asked else None,
                              memory_max=1 << 40 if "memory" in asked else None).close()
     except CgroupError as exc:
@@ -130,9 +139,11 @@ class RolloutCgroup:
     dirs: dict[str, tuple[Path, int]] = field(default_factory=dict)  # controller -> (dir, v)
 
     @classmethod
-    def create(cls, name: str, max_processes: int | None = None,
+    def create(cls, label: str, max_processes: int | None = None,
                memory_max: int | None = None) -> RolloutCgroup:
-        """Make the cgroups (named `name`) and set their limits; raise `CgroupError`."""
+        """Make the cgroups (named for this runner and `label`) and set their limits; raise
+        `CgroupError`."""
+        name = f"openforge-{_runner_tag(os.getpid())}-{label[:40]}-{uuid.uuid4().hex[:8]}"
         found = hierarchies()
         made = cls()
         try:
@@ -146,7 +157,8 @@ class RolloutCgroup:
                         "cgroup's children, as a delegated systemd scope has)")
                 where = found[controller]
                 path = where.own / name
-                path.mkdir()
+                if (path, where.version) not in made.dirs.values():  # v2: one for both
+                    path.mkdir()
                 made.dirs[controller] = (path, where.version)
                 (path / _LIMIT_FILE[controller, where.version]).write_text(str(value))
                 swap = path / _SWAP_FILE[where.version]
@@ -224,6 +236,42 @@ class RolloutCgroup:
         if stuck:
             raise CgroupError("cannot remove the rollout's cgroup: " + "; ".join(stuck))
         return hits, len(ended)
+
+
+def _runner_tag(pid: int) -> str:
+    """<PID namespace inode>.<pid>.<start time> of a process seen from this PID namespace
+    ("" when there is none with that pid)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""
+    # Field 22, counted after the command name, which may itself hold spaces and parentheses.
+    start = stat.rpartition(")")[2].split()[19]
+    return f"{namespace}.{pid}.{start}"
+
+
+def sweep() -> list[str]:
+    """Remove the rollout cgroups that runners which are gone left behind (killed with
+    SIGKILL, they could not), ending whatever still runs in them; the names of those removed.
+    Cgroups of live runners, and of runners in another PID namespace, are left alone."""
+    namespace = _runner_tag(os.getpid()).split(".")[0]
+    removed = []
+    for where in {(h.own, h.version): h for h in hierarchies().values()}.values():
+        try:
+            children = [p for p in where.own.iterdir() if p.is_dir()]
+        except OSError:
+            continue
+        for path in children:
+            made_by = _NAME.match(path.name)
+            if made_by is None or made_by[1] != namespace:
+                continue
+            if _runner_tag(int(made_by[2])) == ".".join(made_by.groups()):
+                continue  # its runner lives
+            with contextlib.suppress(CgroupError):  # another runner's sweep got there first
+                RolloutCgroup(dirs={where.controller: (path, where.version)}).close()
+                removed.append(path.name)
+    return removed
 
 
 def _counts(path: Path) -> dict[str, int]:
