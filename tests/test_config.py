@@ -194,3 +194,25 @@ def test_resume_refuses_options_it_would_ignore(tmp_path: Path) -> None:
     assert len(lines) == 1
     assert "--resume finishes a run with the config it started with" in lines[0]
     assert "--harness, -k" in lines[0]
+
+
+def test_a_port_outside_0_to_65535_is_a_config_error_not_a_crash() -> None:
+    with pytest.raises(ConfigError, match=r"gateway.port: Input should be less than or equal "
+                                          r"to 65535"):
+        load_run_config(None, ["gateway.port=70000"])
+    assert load_run_config(None, ["gateway.port=0"]).gateway.port == 0
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--port", "99999"], "Invalid value for '--port': 99999 is not in the range 0<=x<=65535"),
+    (["--host", "nonexistent.invalid"],
+     "cannot bind the gateway to nonexistent.invalid: Name or service not known; give an "
+     "address of this machine as --host"),
+])
+def test_serve_says_which_option_is_wrong(tmp_path: Path, args: list[str], said: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "openforge.cli", "serve", "--engine", "scripted",
+                          "--set", 'engine.options={"replies": [{"content": "ok"}]}',
+                          "--store", str(tmp_path / "s.sqlite"), *args],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert said in " ".join(out.stderr.split())

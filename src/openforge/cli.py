@@ -163,7 +163,8 @@ def run(config_path: Path | None, overrides: tuple[str, ...], resume: Path | Non
 @config_option
 @set_option
 @click.option("--host", help="Address to bind (default 127.0.0.1; 0.0.0.0 exposes it to the network).")
-@click.option("--port", type=int, help="Port (default: a free one, printed at start).")
+@click.option("--port", type=click.IntRange(0, 65535),
+              help="Port (default: a free one, printed at start).")
 @click.option("--engine", help="Engine plugin name (default: local).")
 @click.option("--model", help="Model directory for the engine (default: the tiny model).")
 @click.option("--store", "store_path", type=click.Path(path_type=Path), default=Path("gateway.sqlite"),

@@ -44,7 +44,7 @@ class GatewayConfig(_Strict):
     """The recording gateway."""
 
     host: str = "127.0.0.1"
-    port: int = 0  # 0: pick a free port
+    port: int = Field(0, ge=0, le=65535)  # 0: pick a free port
     admin_key: str | None = None  # None: a random key per process
     max_body_bytes: int = 32 * 1024 * 1024
     keepalive_s: float = 5.0

@@ -73,6 +73,10 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+    except socket.gaierror as exc:  # the host is no name or address this machine resolves
+        sock.close()
+        raise GatewayError(f"cannot bind the gateway to {host}: {exc.strerror}; give an "
+                           "address of this machine as --host (default 127.0.0.1)") from None
     except OSError as exc:
         sock.close()
         raise GatewayError(f"cannot bind the gateway to {host}:{port}: {exc.strerror}; "
