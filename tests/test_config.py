@@ -216,3 +216,14 @@ def test_serve_says_which_option_is_wrong(tmp_path: Path, args: list[str], said:
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert said in " ".join(out.stderr.split())
+
+
+@pytest.mark.parametrize(("override", "said"), [
+    ("steps=0", "steps: Input should be greater than or equal to 1"),
+    ("steps=-1", "steps: Input should be greater than or equal to 1"),
+    ("learning_rate=-1", "learning_rate: Input should be greater than or equal to 0"),
+])
+def test_train_refuses_steps_and_learning_rates_it_cannot_use(override: str, said: str) -> None:
+    with pytest.raises(ConfigError, match=said):
+        load_train_config(None, [override])
+    assert load_train_config(None, ["learning_rate=0"]).learning_rate == 0

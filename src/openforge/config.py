@@ -105,8 +105,8 @@ class TrainConfig(_Strict):
     backend: str = "local"
     run: RunConfig = Field(default_factory=RunConfig)
     algorithm: str = "grpo"  # grpo | sft
-    steps: int = 10
-    learning_rate: float = 1e-5
+    steps: int = Field(10, ge=1)
+    learning_rate: float = Field(1e-5, ge=0)  # 0: an ablation that leaves the policy as is
     options: dict[str, Any] = Field(default_factory=dict)
 
 
