@@ -203,6 +203,11 @@ def test_a_port_outside_0_to_65535_is_a_config_error_not_a_crash() -> None:
     assert load_run_config(None, ["gateway.port=0"]).gateway.port == 0
 
 
+def test_a_limit_of_no_tasks_is_refused_as_such() -> None:
+    with pytest.raises(ConfigError, match="limit: Input should be greater than or equal to 1"):
+        load_run_config(None, ["limit=0"])
+
+
 @pytest.mark.parametrize(("args", "said"), [
     (["--port", "99999"], "Invalid value for '--port': 99999 is not in the range 0<=x<=65535"),
     (["--host", "nonexistent.invalid"],

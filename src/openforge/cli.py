@@ -112,7 +112,7 @@ def _print_options(registry: Any, name: str, kind: str | None, console: Any) -> 
 @click.option("--vllm-url", help="URL of a vLLM server, for --engine vllm.")
 @click.option("-k", "k", type=int, help="Attempts per task (default: 1).")
 @click.option("--concurrency", type=int, help="Rollouts at once (default: 4).")
-@click.option("--limit", type=int, help="Run at most this many tasks.")
+@click.option("--limit", type=click.IntRange(min=1), help="Run at most this many tasks.")
 @click.option("--task", "tasks", multiple=True, help="Run only this task id (repeatable).")
 @click.option("--split", help="Run only the environment's tasks of this split (e.g. train, test).")
 @click.option("--timeout", "timeout_s", type=float, help="Per-rollout timeout in seconds.")

@@ -75,7 +75,7 @@ class RunConfig(_Strict):
     environment_options: dict[str, Any] = Field(default_factory=dict)
     split: str | None = None
     tasks: list[str] = Field(default_factory=list)  # only these task ids (empty: all)
-    limit: int | None = None  # at most this many tasks
+    limit: int | None = Field(None, ge=1)  # at most this many tasks
     reward: str = "checker"
     reward_options: dict[str, Any] = Field(default_factory=dict)
     executor: str = "local"
