@@ -44,7 +44,7 @@ class GatewayConfig(_Strict):
     """The recording gateway."""
 
     host: str = "127.0.0.1"
-    port: int = Field(0, ge=0, le=65535)  # 0: pick a free port
+    port: int = Field(default=0, ge=0, le=65535)  # 0: pick a free port
     admin_key: str | None = None  # None: a random key per process
     max_body_bytes: int = 32 * 1024 * 1024
     keepalive_s: float = 5.0
@@ -75,7 +75,7 @@ class RunConfig(_Strict):
     environment_options: dict[str, Any] = Field(default_factory=dict)
     split: str | None = None
     tasks: list[str] = Field(default_factory=list)  # only these task ids (empty: all)
-    limit: int | None = Field(None, ge=1)  # at most this many tasks
+    limit: int | None = Field(default=None, ge=1)  # at most this many tasks
     reward: str = "checker"
     reward_options: dict[str, Any] = Field(default_factory=dict)
     executor: str = "local"
@@ -105,8 +105,8 @@ class TrainConfig(_Strict):
     backend: str = "local"
     run: RunConfig = Field(default_factory=RunConfig)
     algorithm: str = "grpo"  # grpo | sft
-    steps: int = Field(10, ge=1)
-    learning_rate: float = Field(1e-5, ge=0)  # 0: an ablation that leaves the policy as is
+    steps: int = Field(default=10, ge=1)
+    learning_rate: float = Field(default=1e-5, ge=0)  # 0: an ablation that leaves the policy as is
     options: dict[str, Any] = Field(default_factory=dict)
 
 
