@@ -144,8 +144,9 @@ class LocalExecutor(Executor):
         if self.mode == "none":
             # A same-user agent must not read the runner's environment (/proc/<pid>/environ).
             make_undumpable()
-        self.swept: list[str] = []  # cgroups that killed runners left, removed at start
         self.limits, self.no_limits = self._limits()
+        # The cgroups that killed runners left, removed before this one makes its own.
+        self.swept = sweep() if self.limits else []
 
     def _limits(self) -> tuple[dict[str, int], str | None]:
         """The per-rollout limits to apply, and why the default ones are not, if so."""
@@ -157,7 +158,6 @@ class LocalExecutor(Executor):
         why = unavailable(["processes" if name == "max_processes" else "memory"
                            for name in limits])
         if why is None:
-            self.swept = sweep()
             return limits, None
         explicit = sorted(set(limits) & self.options.model_fields_set)
         if explicit:

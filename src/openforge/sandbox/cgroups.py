@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import re
 import signal
@@ -36,8 +37,7 @@ from pathlib import Path
 
 from openforge.errors import OpenforgeError
 
-# What each limit needs, and its files in v1 and v2.
-_CONTROLLER = {"processes": "pids", "memory": "memory"}
+# Each controller's limit file in v1 and v2.
 _LIMIT_FILE = {("pids", 1): "pids.max", ("pids", 2): "pids.max",
                ("memory", 1): "memory.limit_in_bytes", ("memory", 2): "memory.max"}
 # Swap would let a process past its memory limit: counted with it (v1), or none at all (v2).
@@ -143,7 +143,7 @@ class RolloutCgroup:
                memory_max: int | None = None) -> RolloutCgroup:
         """Make the cgroups (named for this runner and `label`) and set their limits; raise
         `CgroupError`."""
-        name = f"openforge-{_runner_tag(os.getpid())}-{label[:40]}-{uuid.uuid4().hex[:8]}"
+        name = f"openforge-{_own_tag(os.getpid())}-{label[:40]}-{uuid.uuid4().hex[:8]}"
         found = hierarchies()
         made = cls()
         try:
@@ -251,11 +251,17 @@ def _runner_tag(pid: int) -> str:
     return f"{namespace}.{pid}.{start}"
 
 
+@functools.cache
+def _own_tag(pid: int) -> str:
+    """This process's `_runner_tag`, read once (keyed by pid: a forked child is another)."""
+    return _runner_tag(pid)
+
+
 def sweep() -> list[str]:
     """Remove the rollout cgroups that runners which are gone left behind (killed with
     SIGKILL, they could not), ending whatever still runs in them; the names of those removed.
     Cgroups of live runners, and of runners in another PID namespace, are left alone."""
-    namespace = _runner_tag(os.getpid()).split(".")[0]
+    namespace = _own_tag(os.getpid()).split(".")[0]
     removed = []
     for where in {(h.own, h.version): h for h in hierarchies().values()}.values():
         try:
@@ -268,7 +274,7 @@ def sweep() -> list[str]:
                 continue
             if _runner_tag(int(made_by[2])) == ".".join(made_by.groups()):
                 continue  # its runner lives
-            with contextlib.suppress(CgroupError):  # another runner's sweep got there first
+            with contextlib.suppress(CgroupError):  # one it cannot empty waits for the next
                 RolloutCgroup(dirs={where.controller: (path, where.version)}).close()
                 removed.append(path.name)
     return removed
