@@ -41,7 +41,9 @@ the medians of the `workers` phase's side-by-side rounds.
 
 For each: recorded calls, CPU ms per call of the serving process(es), its ratio to the
 pass-through's, p50 / p99 latency, RSS at the end, and the merge rate (calls per training
-sample) of what the gateway recorded. The summary ends with each target of issue 20 and
+sample) of what the gateway recorded. For the one-worker phases it then prints what the
+gateway counted itself over the phase (`GET /admin/health`, "served": CPU ms per recorded
+call and the calls it recorded), the figure `openforge serve` reports when it stops. The summary ends with each target of issue 20 and
 whether it was met. Timing depends on the machine (2 shared cores here: the load
 generator, the stand-in and the server compete); CPU ms per call is the figure that
 transfers, and the load average at start and end is printed with it.
@@ -496,6 +498,10 @@ class Phase:
     rss: list[float]
     merge: float | None = None
     cpu_range: tuple[float, float] | None = None  # lowest and highest round, when several
+    # The gateway's own count over the phase (`GET /admin/health`, "served"): CPU ms per
+    # recorded call, and the calls it recorded.
+    own_ms: float | None = None
+    own_calls: int = 0
 
     def line(self, baseline_ms: float) -> str:
         merge = f"{self.merge:5.1f}" if self.merge is not None else "    -"
@@ -515,8 +521,10 @@ def combine(rounds: list[Phase]) -> Phase:
     load = Load([x for p in rounds for x in p.load.latencies],
                 sum(p.load.wall_s for p in rounds), sum(p.load.calls for p in rounds))
     rss = [max(values) for values in zip(*(p.rss for p in rounds), strict=True)]
+    own = [p.own_ms for p in rounds if p.own_ms is not None]
     return Phase(rounds[0].name, load, statistics.median(cpu), rss, rounds[-1].merge,
-                 (min(cpu), max(cpu)) if len(rounds) > 1 else None)
+                 (min(cpu), max(cpu)) if len(rounds) > 1 else None,
+                 statistics.median(own) if own else None, sum(p.own_calls for p in rounds))
 
 
 async def gateway_phase(name: str, tmp: Path, standin_url: str, profile: str, n: int,
@@ -528,15 +536,20 @@ async def gateway_phase(name: str, tmp: Path, standin_url: str, profile: str, n:
         sessions = await open_sessions(url, n)
         await asyncio.sleep(0.5)  # let start-up work (gc, imports) settle
         procs = tree(gw)
+        before = (await health(url))["served"]
         with Profiler(prefix, name.replace(" ", "-"), gw.pid):
             cpu0 = cpu_s(procs)
             load = await drive([f"{s['base_url']}/chat/completions" for s in sessions],
                                [s["token"] for s in sessions], turns, profile)
             used = cpu_s(procs) - cpu0
+        after = (await health(url))["served"]
         rss = rss_mb(procs)
     finally:
         stop(gw)
-    return Phase(name, load, used * 1000 / load.calls, rss, merge_rate(store))
+    own_calls = after["ok"] + after["failed"] - before["ok"] - before["failed"]
+    own_ms = (after["cpu_s"] - before["cpu_s"]) * 1000 / own_calls if own_calls else None
+    return Phase(name, load, used * 1000 / load.calls, rss, merge_rate(store), None, own_ms,
+                 own_calls)
 
 
 @dataclass
@@ -718,6 +731,12 @@ async def run(args: argparse.Namespace) -> None:
           "   RSS MB  calls/sample")
     for phase in phases:
         print(phase.line(baseline))
+    own = [p for p in phases if p.own_ms is not None]
+    if own:
+        # The figure `openforge serve` reports of itself, next to the one measured here.
+        print("  the gateway's own count (GET /admin/health, \"served\"): " + "; ".join(
+            f"{p.name} {p.own_ms:.2f} ms per recorded call, {p.own_calls} of "
+            f"{p.load.calls} calls recorded" for p in own))
     both = WorkersPhase(workers[0].sessions, [m for w in workers for m in w.per_worker],
                         [m for w in workers for m in w.per_gateway],
                         [max(rss) for rss in zip(*(w.rss for w in workers), strict=True)],

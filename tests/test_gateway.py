@@ -498,8 +498,49 @@ async def test_a_client_that_disconnects_cancels_and_leaves_no_record(
         await asyncio.sleep(1.2)  # long enough for an uncancelled generation to finish
         assert store.list_calls(session.id) == []
         assert len(gw.engine.log) == 0  # both generations were cancelled mid-way
+        served = await gw.served()
+        assert (served["disconnected"], served["ok"], served["failed"]) == (2, 0, 0)
     finally:
         await gw.stop()
+
+
+async def test_health_counts_what_was_served_by_outcome(
+        store: Store, tiny_bundle: ModelBundle) -> None:  # noqa: F811
+    gw = await start_gateway(store, tiny_bundle, entries=[
+        {"match": "break", "replies": [{"error": "engine lost", "status": 502}]},
+        {"replies": [{"content": "fine"}]}])
+    admin = {"authorization": f"Bearer {gw.admin_key}"}
+    try:
+        session = gw.open_session()
+        base = f"/s/{session.token}/v1/chat/completions"
+        async with httpx.AsyncClient(base_url=gw.url) as h:
+            before = (await h.get("/admin/health", headers=admin)).json()["served"]
+            for text, status in [("hi", 200), ("hi again", 200), ("please break", 502)]:
+                r = await h.post(base, json={"model": "m", "messages": [
+                    {"role": "user", "content": text}]})
+                assert r.status_code == status, r.text
+            assert (await h.post(base, content=b"{not json")).status_code == 400
+            assert (await h.post("/s/nope/v1/chat/completions", json={})).status_code == 401
+            gw.pause()
+            assert (await h.post(base, json={"model": "m", "messages": []})).status_code == 429
+            gw.resume()
+            served = (await h.get("/admin/health", headers=admin)).json()["served"]
+    finally:
+        await gw.stop()
+    after = await gw.served()  # what `openforge serve` prints when it stops
+    assert {k: after[k] for k in ("ok", "failed", "refused_by_status")} == {
+        k: served[k] for k in ("ok", "failed", "refused_by_status")}
+    calls = store.list_calls(session.id)
+    assert sorted(c.status for c in calls) == ["failed", "ok", "ok"]
+    assert before["ok"] == before["failed"] == before["refused"] == 0
+    assert (served["ok"], served["failed"], served["disconnected"]) == (2, 1, 0)
+    assert served["refused"] == 3
+    assert served["refused_by_status"] == {"400": 1, "401": 1, "429": 1}
+    assert served["prompt_tokens"] == sum(len(c.prompt_ids) for c in calls) > 0
+    assert served["completion_tokens"] == sum(len(c.completion_ids) for c in calls) > 0
+    # The process's CPU since it began serving, and that per recorded call (ok or failed).
+    assert served["cpu_s"] > 0 and served["uptime_s"] > 0
+    assert served["cpu_ms_per_call"] == pytest.approx(1000 * served["cpu_s"] / 3, abs=1e-3)
 
 
 async def test_a_failure_after_the_stream_started_ends_it_with_an_error_event(

@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -84,6 +87,11 @@ async def test_each_session_is_served_by_one_worker(pool: tuple[Gateway, Store])
         cached = [(await h.get(f"{u}/admin/health", headers=headers)).json() for u in urls]
     assert [c["open_sessions_cached"] for c in cached] == [3, 3]
     assert [c["worker"] for c in cached] == [0, 1]
+    # Each worker counts its own sessions' calls; the gateway adds them up.
+    assert [(c["served"]["ok"], c["served"]["refused"]) for c in cached] == [(6, 3), (6, 3)]
+    served = await gw.served()
+    assert (served["ok"], served["refused"], served["refused_by_status"]) == (12, 6, {"421": 6})
+    assert served["cpu_s"] >= sum(c["served"]["cpu_s"] for c in cached) > 0
 
 
 async def test_admin_routes_reach_every_worker(pool: tuple[Gateway, Store]) -> None:
@@ -238,6 +246,39 @@ main(["--store", {str(tmp_path / 'm.sqlite')!r}, "--engine", "scripted", "--mode
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_serve_says_what_its_workers_served_when_it_stops(tmp_path: Path) -> None:
+    # Port 0: each worker binds a free port of its own (a fixed port P would take P + 1 too,
+    # which a concurrent test may hold); the banner names them.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "openforge.gateway.server", "--store", str(tmp_path / "w.sqlite"),
+         "--engine", "scripted", "--model", "tiny", "--port", "0", "--workers", "2",
+         "--option", 'replies=[{"content": "ok"}]'],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "OPENFORGE_ADMIN_KEY": "k"})
+    try:
+        assert proc.stdout is not None
+        banner = ""
+        while not banner.startswith("openforge gateway on "):
+            ready, _, _ = select.select([proc.stdout], [], [], 300)  # a hang, not a timing
+            assert ready, "the gateway printed no banner"
+            banner = proc.stdout.readline()
+            assert banner, "the gateway exited before serving"
+        base = banner.split()[3]
+        headers = {"authorization": "Bearer k"}
+        for _ in range(4):  # opened on alternating workers
+            opened = httpx.post(f"{base}/admin/sessions", headers=headers, json={}).json()
+            url = f"{opened['base_url']}/chat/completions"
+            assert httpx.post(url, json=CHAT, timeout=60).status_code == 200
+            assert httpx.post(url, content=b"[", timeout=60).status_code == 400
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("gateway stopped; calls: 4 answered and 0 failed (both recorded), "
+                           "4 refused (4 x 400), 0 abandoned by their client; "), last
+    assert re.search(r"CPU \d+\.\d s, \d+\.\d\d ms per recorded call$", last), last
 
 
 def _wait_up(proc: subprocess.Popen[Any], port_file: Path) -> str:

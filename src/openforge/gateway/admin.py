@@ -164,7 +164,8 @@ async def health(request: Request, state: GatewayState) -> Response:
                                "render_policy": state.sessions.policy,
                                "worker": state.sessions.worker,
                                "workers": state.sessions.workers,
-                               **state.sessions.cache_stats()})
+                               **state.sessions.cache_stats(),
+                               "served": state.stats.snapshot()})
 
 
 async def forget_session(request: Request, state: GatewayState) -> Response:

@@ -96,20 +96,24 @@ def _retry_count(request: Request) -> int:
 def _model_route(dialect_name: str) -> Callable[[Request], Awaitable[Response | CallResponse]]:
     async def endpoint(request: Request) -> Response | CallResponse:
         state: GatewayState = request.app.state.gateway
+
+        def refuse(status: int, message: str, error_type: str,
+                   headers: dict[str, str] | None = None) -> Response:
+            state.stats.refused[status] += 1
+            return dialect_error(dialect_name, status, message, error_type, headers=headers)
+
         live = _authenticate(request, state)
         if isinstance(live, tuple):
-            return dialect_error(dialect_name, *live)
+            return refuse(*live)
         if state.paused:
-            return dialect_error(
-                dialect_name, 429,
-                f"the gateway is paused (weights are being updated); retry in "
-                f"{state.retry_after_s} s", "rate_limit_error",
-                headers={"retry-after": str(state.retry_after_s)})
+            return refuse(429, f"the gateway is paused (weights are being updated); retry in "
+                               f"{state.retry_after_s} s", "rate_limit_error",
+                          headers={"retry-after": str(state.retry_after_s)})
         try:
             body = await read_body(request, state.config.max_body_bytes,
                                    state.config.body_timeout_s)
         except BodyError as exc:
-            return dialect_error(dialect_name, exc.status, exc.message, exc.error_type)
+            return refuse(exc.status, exc.message, exc.error_type)
         return CallResponse(state, live, dialect_name, body, retry_count=_retry_count(request))
 
     endpoint.__name__ = f"{dialect_name}_endpoint"

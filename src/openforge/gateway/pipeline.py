@@ -137,6 +137,8 @@ class CallResponse:
         try:
             await self._run(send, watcher)
         except (_Disconnected, OSError):
+            if self.recorded is None:
+                self.state.stats.disconnected += 1
             log.debug("call %s: client disconnected; nothing recorded", self.call_id)
         finally:
             watcher.cancel()
@@ -213,6 +215,7 @@ class CallResponse:
                 else:
                     chat, rendered = await state.off_loop(self._prepare)
         except _Refused as refused:
+            state.stats.refused[refused.status] += 1
             await self._send_json(send, refused.status, refused.body)
             return
         self.chat = chat
@@ -405,6 +408,13 @@ class CallResponse:
         if self.images:  # the image bytes are kept once, in the store's images table
             request, request_json = without_inline_images(self.payload, self.images), None
         index = live.take_index()
+        stats = self.state.stats
+        if status == "ok":
+            stats.ok += 1
+        else:
+            stats.failed += 1
+        stats.prompt_tokens += len(rendered.prompt_ids)
+        stats.completion_tokens += len(completion_ids or ())
         # model_construct: every field is built here from typed values; validating
         # thousands of token ids again per call would be the gateway's largest CPU cost.
         call = Call.model_construct(
@@ -423,6 +433,9 @@ class CallResponse:
 
         def record_failure(exc: Exception) -> None:
             # Keep the index and the fact of the call: a failed row saying why.
+            if status == "ok":
+                stats.ok -= 1
+                stats.failed += 1
             log.error("call %s: recording failed; recording it as failed", self.call_id,
                       exc_info=exc)
             bare = call.model_copy(update={

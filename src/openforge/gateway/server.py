@@ -42,6 +42,7 @@ from openforge.gateway.sessions import (
     worker_of,
 )
 from openforge.gateway.state import GatewayState
+from openforge.gateway.stats import add_up, summary_line
 from openforge.gateway.workers import WORKER_SPEC_ENV, WorkerPool, inherit_socket
 from openforge.sandbox.protocol import ADMIN_KEY_ENV
 from openforge.store import Store
@@ -115,6 +116,7 @@ class Gateway:
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
         self._pool: WorkerPool | None = None
+        self._served_by_workers: dict[str, Any] | None = None
         self._admin_key = config.admin_key or secrets.token_urlsafe(32)
         self.url = ""
 
@@ -221,6 +223,16 @@ class Gateway:
             return
         self.state.paused = False
 
+    async def served(self) -> dict[str, Any]:
+        """What the gateway has served since it started (`gateway/stats.py`), its workers'
+        counters added up; after `stop()`, what it had served by then (workers: when they
+        were asked to stop)."""
+        if self._pool is not None:
+            return add_up(await self._pool.served())
+        if self._state is None and self._served_by_workers is not None:
+            return self._served_by_workers
+        return self.state.stats.snapshot()
+
     def pids(self) -> list[int]:
         """The processes serving calls (worker processes, or this one)."""
         return self._pool.pids() if self._pool is not None else [os.getpid()]
@@ -240,6 +252,8 @@ class Gateway:
                 await self._task
         self._server = self._task = None
         if self._pool is not None:
+            # Only a running worker can say what it served.
+            self._served_by_workers = await self.served()
             await self._pool.stop()
             self._pool = None
         if self._state is not None:
@@ -355,7 +369,7 @@ def serve_forever(config: RunConfig, store_path: Path) -> None:
             served = asyncio.ensure_future(gateway.wait())
             await asyncio.wait({waiter, served}, return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
-        print("gateway stopped", flush=True)
+        print(f"gateway stopped; {summary_line(await gateway.served())}", flush=True)
 
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:

@@ -18,6 +18,7 @@ from openforge.gateway.memory import map_large_blocks
 from openforge.gateway.model import ModelBundle
 from openforge.gateway.recorder import CallRecorder
 from openforge.gateway.sessions import SessionRegistry, serving_url, session_url, worker_of
+from openforge.gateway.stats import GatewayStats
 from openforge.gateway.workers import forwarded_headers
 from openforge.store import Store
 from openforge.types import Session
@@ -58,6 +59,9 @@ class GatewayState:
                                         policy=config.render_policy, worker=worker,
                                         workers=max(1, len(self.peers)))
         self.paused = False
+        # What this process has served (/admin/health), counted from here: the model and
+        # engine are loaded by now, so their CPU is not a call's.
+        self.stats = GatewayStats()
         self.retry_after_s = 5
         self.stop_token_ids = list(bundle.stop_token_ids)
         self._pool: ThreadPoolExecutor | None = None

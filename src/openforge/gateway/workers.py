@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -110,6 +111,22 @@ class WorkerPool:
                 self.processes[i] = self._spawn(i)
                 with contextlib.suppress(RuntimeError):
                     await self._wait_healthy(i)
+
+    async def served(self) -> list[dict[str, Any]]:
+        """Each worker's `served` counters (`gateway/stats.py`), from its health route; a
+        worker that does not answer is left out (and logged)."""
+        async def one(client: httpx.AsyncClient, index: int) -> dict[str, Any] | None:
+            try:
+                r = await client.get(f"{self.urls[index]}/admin/health",
+                                     headers=forwarded_headers(self.admin_key))
+                return dict(r.raise_for_status().json()["served"])
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                log.warning("gateway worker %d did not report what it served: %s", index, exc)
+                return None
+
+        async with httpx.AsyncClient(timeout=5) as client:
+            answers = await asyncio.gather(*(one(client, i) for i in range(len(self.urls))))
+        return [a for a in answers if a is not None]
 
     def post(self, index: int, path: str, body: dict[str, object] | None = None) -> None:
         """POST an admin route on worker `index` (from synchronous callers)."""
