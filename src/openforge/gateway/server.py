@@ -228,7 +228,7 @@ class Gateway:
         counters added up; after `stop()`, what it had served by then (workers: when they
         were asked to stop)."""
         if self._pool is not None:
-            return add_up(await self._pool.served())
+            return add_up(await self._pool.served(), workers=len(self._pool.urls))
         if self._state is None and self._served_by_workers is not None:
             return self._served_by_workers
         return self.state.stats.snapshot()

@@ -54,8 +54,9 @@ class GatewayStats:
         }
 
 
-def add_up(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several processes' snapshots as one (the workers of a pool)."""
+def add_up(snapshots: list[dict[str, Any]], workers: int) -> dict[str, Any]:
+    """The snapshots of a pool's `workers` as one; `"unreported"` counts the workers whose
+    snapshot is missing (they did not answer), whose calls the sums lack."""
     total: dict[str, Any] = {key: sum(s[key] for s in snapshots) for key in (
         "ok", "failed", "refused", "disconnected", "prompt_tokens",
         "completion_tokens", "cpu_s")}
@@ -67,6 +68,7 @@ def add_up(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
     total["uptime_s"] = max((s["uptime_s"] for s in snapshots), default=0.0)
     calls = total["ok"] + total["failed"]
     total["cpu_ms_per_call"] = round(1000 * total["cpu_s"] / calls, 3) if calls else None
+    total["unreported"] = workers - len(snapshots)
     return total
 
 
@@ -80,4 +82,7 @@ def summary_line(served: dict[str, Any]) -> str:
             f"{served['disconnected']} abandoned by their client; "
             f"{served['prompt_tokens']} prompt and {served['completion_tokens']} completion "
             f"tokens; CPU {served['cpu_s']:.1f} s"
-            + (f", {per_call:.2f} ms per recorded call" if per_call is not None else ""))
+            + (f", {per_call:.2f} ms per recorded call" if per_call is not None else "")
+            + (f"; not counted: the calls of {served['unreported']} worker(s) that did "
+               "not report"
+               if served.get("unreported") else ""))
