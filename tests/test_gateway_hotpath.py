@@ -323,10 +323,13 @@ def test_background_checkpoints_keep_commits_and_stop_on_close(tmp_path: Path) -
     store.checkpoint_in_background()  # idempotent
     assert store._conn().execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
     store.create_session(Session(id="s", token="t"))
+    # Taken before the calls: with automatic checkpoints off, only the background
+    # checkpointer moves their pages from the WAL into the database file. (Taken after them,
+    # a checkpoint that ran between the last commit and the stat left nothing to grow.)
+    size = (tmp_path / "s.sqlite").stat().st_size
     big = {"text": "x" * 20_000}
     for i in range(300):  # ~1500 WAL pages: past the 1000 that would checkpoint in a commit
         store.add_call(_call(f"c{i}", big, {"ok": True}))
-    size = (tmp_path / "s.sqlite").stat().st_size
     deadline = time.monotonic() + 30
     while (tmp_path / "s.sqlite").stat().st_size <= size and time.monotonic() < deadline:
         time.sleep(0.05)  # the checkpointer copies the WAL into the database file
