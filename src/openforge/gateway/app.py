@@ -93,27 +93,29 @@ def _retry_count(request: Request) -> int:
 # --- model routes --------------------------------------------------------------------------
 
 
+def _refuse(state: GatewayState, dialect_name: str, status: int, message: str,
+            error_type: str, headers: dict[str, str] | None = None) -> Response:
+    """A model call refused before its body is parsed, counted in what the gateway served."""
+    state.stats.refused[status] += 1
+    return dialect_error(dialect_name, status, message, error_type, headers=headers)
+
+
 def _model_route(dialect_name: str) -> Callable[[Request], Awaitable[Response | CallResponse]]:
     async def endpoint(request: Request) -> Response | CallResponse:
         state: GatewayState = request.app.state.gateway
-
-        def refuse(status: int, message: str, error_type: str,
-                   headers: dict[str, str] | None = None) -> Response:
-            state.stats.refused[status] += 1
-            return dialect_error(dialect_name, status, message, error_type, headers=headers)
-
         live = _authenticate(request, state)
         if isinstance(live, tuple):
-            return refuse(*live)
+            return _refuse(state, dialect_name, *live)
         if state.paused:
-            return refuse(429, f"the gateway is paused (weights are being updated); retry in "
-                               f"{state.retry_after_s} s", "rate_limit_error",
-                          headers={"retry-after": str(state.retry_after_s)})
+            return _refuse(state, dialect_name, 429,
+                           f"the gateway is paused (weights are being updated); retry in "
+                           f"{state.retry_after_s} s", "rate_limit_error",
+                           headers={"retry-after": str(state.retry_after_s)})
         try:
             body = await read_body(request, state.config.max_body_bytes,
                                    state.config.body_timeout_s)
         except BodyError as exc:
-            return refuse(exc.status, exc.message, exc.error_type)
+            return _refuse(state, dialect_name, exc.status, exc.message, exc.error_type)
         return CallResponse(state, live, dialect_name, body, retry_count=_retry_count(request))
 
     endpoint.__name__ = f"{dialect_name}_endpoint"

@@ -50,8 +50,12 @@ class GatewayStats:
             "completion_tokens": self.completion_tokens,
             "uptime_s": round(time.monotonic() - self._started, 3),
             "cpu_s": round(cpu_s, 6),
-            "cpu_ms_per_call": round(1000 * cpu_s / calls, 3) if calls else None,
+            "cpu_ms_per_call": _per_call(cpu_s, calls),
         }
+
+
+def _per_call(cpu_s: float, calls: int) -> float | None:
+    return round(1000 * cpu_s / calls, 3) if calls else None
 
 
 def add_up(snapshots: list[dict[str, Any]], workers: int) -> dict[str, Any]:
@@ -66,8 +70,7 @@ def add_up(snapshots: list[dict[str, Any]], workers: int) -> dict[str, Any]:
         by_status.update(s["refused_by_status"])
     total["refused_by_status"] = dict(sorted(by_status.items()))
     total["uptime_s"] = max((s["uptime_s"] for s in snapshots), default=0.0)
-    calls = total["ok"] + total["failed"]
-    total["cpu_ms_per_call"] = round(1000 * total["cpu_s"] / calls, 3) if calls else None
+    total["cpu_ms_per_call"] = _per_call(total["cpu_s"], total["ok"] + total["failed"])
     total["unreported"] = workers - len(snapshots)
     return total
 
