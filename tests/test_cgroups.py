@@ -16,7 +16,7 @@ from attack_programs import FORK_LOOP
 
 from openforge.executors.local import LocalExecutor, LocalExecutorError
 from openforge.harness import Command
-from openforge.sandbox import cgroups
+from openforge.sandbox import cgroups, leftovers
 from openforge.sandbox.agent import run_agent
 from openforge.sandbox.cgroups import RolloutCgroup, joiner
 from openforge.sandbox.modes import bwrap_path
@@ -107,7 +107,7 @@ group.close()
 @needs_cgroups
 def test_the_cgroups_a_killed_runner_left_are_swept_and_a_live_runners_kept() -> None:
     [where] = {h.own for h in cgroups.hierarchies().values() if h.controller == "pids"}
-    namespace, pid, start = cgroups._runner_tag(os.getpid()).split(".")
+    namespace, pid, start = leftovers.maker_tag(os.getpid()).split(".")
     # This process's pid with another start time: a runner gone, its pid reused.
     reused = where / f"openforge-{namespace}.{pid}.{int(start) + 1}-reused-0"
     # A runner in another PID namespace: its pid cannot be checked from here.

@@ -19,6 +19,8 @@ import yaml
 from openforge.config import EngineConfig, RunConfig
 from openforge.runner import RunError, read_results, run_from_config
 from openforge.sandbox import cgroups
+from openforge.sandbox.modes import ISOLATING, resolve
+from openforge.sandbox.relay import relay_parent
 from openforge.store import Store
 
 HERE = Path(__file__).parent
@@ -201,6 +203,13 @@ def test_interrupted_then_killed_run_resumes_to_exactly_k_attempts(
     _wait_for_results(tmp_path, after_interrupt + 1, proc)
     _wait_for_a_waiting_rollout(tmp_path, proc)
     left_behind = _cgroups_of(proc.pid)
+    # Its folders on disk: the waiting rollout's, and (isolated) its supervisor's relay's.
+    supervisors = [child.pid for child in psutil.Process(proc.pid).children()]
+    folders = sorted((tmp_path / "sandboxes").glob(f"openforge-*.{proc.pid}.*"))
+    relays = [path for pid in supervisors
+              for path in relay_parent().glob(f"openforge-*.{pid}.*-relay-*")]
+    assert len(folders) == 1
+    assert len(relays) == (1 if resolve("auto") in ISOLATING else 0)
     proc.kill()
     proc.communicate()
     deadline = time.monotonic() + 10
@@ -214,6 +223,9 @@ def test_interrupted_then_killed_run_resumes_to_exactly_k_attempts(
     # until the next executor is made, which removes it.
     assert _cgroups_of(proc.pid) == left_behind
     assert len(left_behind) == (0 if cgroups.unavailable(["processes"]) else 1)
+    # So do its folders (the relay's, in the shared temporary folder, may go sooner: any
+    # executor made meanwhile removes it).
+    assert all(path.is_dir() for path in folders)
 
     # 3. Resume to the end: only the missing attempts run, each task has exactly k.
     # A SIGKILL can tear the last line mid-write: it must be skipped, not glued to the next.
@@ -226,6 +238,7 @@ def test_interrupted_then_killed_run_resumes_to_exactly_k_attempts(
     _assert_complete(run_dir)
     assert os.path.exists(run_dir / "report.html")
     assert _cgroups_of(proc.pid) == []
+    assert [path for path in folders + relays if os.path.lexists(path)] == []
     # The killed runner's tries died with it: their sessions were closed on resume.
     with Store(run_dir / "store.sqlite") as store:
         assert [s.id for s in store.list_sessions(summary.run_id) if s.status == "open"] == []

@@ -56,7 +56,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -85,6 +84,7 @@ from openforge.harness import (
 from openforge.reward import Reward
 from openforge.sandbox import forgery, ports, tamper, verifier
 from openforge.sandbox.agent import AgentExit, run_agent
+from openforge.sandbox.leftovers import make_folder
 from openforge.sandbox.modes import ISOLATING, SandboxMode, SandboxUnavailable, resolve
 from openforge.sandbox.protocol import MARKER_ENV, SANDBOX_ENV, result_line, scrub_env
 from openforge.sandbox.relay import Relay
@@ -548,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     become_subreaper()
     make_undumpable()
     signal.signal(signal.SIGTERM, _on_sigterm)
-    root = args.dir.resolve() if args.dir else Path(tempfile.mkdtemp(prefix="openforge-rollout-"))
+    root = args.dir.resolve() if args.dir else make_folder("rollout")
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o700)
     try:

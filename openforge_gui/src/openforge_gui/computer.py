@@ -27,7 +27,6 @@ import hashlib
 import json
 import secrets
 import shutil
-import tempfile
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from openforge.environment import Environment
 from openforge.options import PluginOptions
+from openforge.sandbox.leftovers import make_folder
 from openforge.sandbox.scrub import fresh_path
 from openforge.types import Task
 from openforge_gui.actions import ACTION_ADAPTER, FINAL_TYPES, Action, format_action
@@ -414,9 +414,9 @@ class ComputerEnvironment(Environment):
         computer = self.open_computer(task, workspace)
         # Judges score these screenshots: while the agent runs they are kept outside its
         # workspace (the sandbox's view has no such folder), and `final_state` shows them
-        # there once its processes are gone.
-        self._screens = (Path(tempfile.mkdtemp(prefix="openforge-screens-"))
-                         if self.keep_screens else None)
+        # there once its processes are gone. Named for this process: if it is killed, the
+        # next local executor removes the folder (`openforge.sandbox.leftovers`).
+        self._screens = make_folder("screens") if self.keep_screens else None
         max_steps = int(task.data.get("max_steps", self.max_steps))
         self.episode = Episode(computer, max_steps=max_steps, keep_screens=self._screens)
         self.server = ComputerServer(self.episode)

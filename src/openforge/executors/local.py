@@ -59,6 +59,7 @@ from openforge.executors.process import (
 from openforge.options import PluginOptions
 from openforge.sandbox import forgery
 from openforge.sandbox.cgroups import CgroupError, Hits, RolloutCgroup, sweep, unavailable
+from openforge.sandbox.leftovers import KEPT, make_folder, sweep_folders
 from openforge.sandbox.modes import (
     SandboxUnavailable,
     bwrap_path,
@@ -75,6 +76,7 @@ from openforge.sandbox.protocol import (
     parse_result,
     scrub_env,
 )
+from openforge.sandbox.relay import relay_parent
 from openforge.types import RolloutResult, RolloutSpec
 
 __all__ = ["LocalExecutor", "LocalExecutorError", "LocalOptions"]
@@ -145,8 +147,12 @@ class LocalExecutor(Executor):
             # A same-user agent must not read the runner's environment (/proc/<pid>/environ).
             make_undumpable()
         self.limits, self.no_limits = self._limits()
-        # The cgroups that killed runners left, removed before this one makes its own.
+        # What killed runners left (their rollouts' folders and cgroups), removed before
+        # this one makes its own.
         self.swept = sweep() if self.limits else []
+        self.swept_folders = sweep_folders(
+            [tempfile.gettempdir(), relay_parent(),
+             *([self.options.base_dir] if self.options.base_dir else [])])
 
     def _limits(self) -> tuple[dict[str, int], str | None]:
         """The per-rollout limits to apply, and why the default ones are not, if so."""
@@ -167,7 +173,18 @@ class LocalExecutor(Executor):
         return {}, why
 
     def describe_sandbox(self) -> str:
-        """One line for the run's header saying how rollouts are isolated."""
+        """One line for the run's header saying how rollouts are isolated (and what of
+        killed runners' rollouts this executor removed)."""
+        mode, swept = self._describe_mode(), self._describe_swept()
+        return f"{mode.removesuffix('.')}{swept}." if swept else mode
+
+    def _describe_swept(self) -> str:
+        parts = [f"{n} {what}{'' if n == 1 else 's'}" for n, what in
+                 ((len(self.swept_folders), "folder"), (len(self.swept), "cgroup")) if n]
+        return f"; removed {' and '.join(parts)} that killed runners' rollouts had left" \
+            if parts else ""
+
+    def _describe_mode(self) -> str:
         if self.mode == "bwrap":
             return (f"sandbox: bubblewrap ({self.bwrap}): allowlisted read-only view, private "
                     "/tmp, own PID namespace, no capabilities" + self._limits_suffix())
@@ -194,16 +211,13 @@ class LocalExecutor(Executor):
                  f"{self.limits['memory_max'] / 2**20:,.0f} MiB of memory"
                  if "memory_max" in self.limits else ""]
         shown = " and ".join(p for p in parts if p)
-        swept = f"; removed {len(self.swept)} cgroups that killed runners had left" \
-            if self.swept else ""
-        return f"{shown} per rollout (cgroup){swept}" if shown else ""
+        return f"{shown} per rollout (cgroup)" if shown else ""
 
     def _layout(self, spec: RolloutSpec) -> tuple[Path, dict[str, str]]:
         base = self.options.base_dir
         if base is not None:
             base.mkdir(parents=True, exist_ok=True)
-        root = Path(tempfile.mkdtemp(prefix=f"openforge-{spec.rollout_id[:40]}-",
-                                     dir=str(base) if base else None)).resolve()
+        root = make_folder(spec.rollout_id[:40], base).resolve()
         env = scrub_env(os.environ, self.options.pass_env)
         # The supervisor is trusted: it keeps the user's HOME (plugin caches); the agent
         # gets one of its own.
@@ -305,7 +319,9 @@ class LocalExecutor(Executor):
         elif cgroup is not None:
             # Reaching a limit is the agent's own doing, scored as it ended; the count says so.
             result.limits_reached = hits.as_dict()
-        if not self.options.keep_dirs:
+        if self.options.keep_dirs:
+            (root / KEPT).touch()  # not a leftover: no later executor's sweep removes it
+        else:
             shutil.rmtree(root, ignore_errors=True)
         return result
 

@@ -12,7 +12,7 @@ before it runs the command, so nothing it starts is outside); once the rollout h
 executor ends whatever is still in it and removes it (`close`), and says when a limit was
 reached (`Hits`). A runner killed with SIGKILL cannot remove its rollouts' cgroups; the
 next executor made on the machine does (`sweep`): each cgroup's name says which runner
-made it.
+made it (`sandbox.leftovers`).
 
 cgroup v1 (a hierarchy per controller) and v2 (one hierarchy, where the runner's cgroup has
 the controllers enabled for its children, as a delegated systemd scope has) are both used.
@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import os
-import re
 import signal
 import time
 import uuid
@@ -36,18 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from openforge.errors import OpenforgeError
+from openforge.sandbox.leftovers import left_behind, own_tag
 
 # Each controller's limit file in v1 and v2.
 _LIMIT_FILE = {("pids", 1): "pids.max", ("pids", 2): "pids.max",
                ("memory", 1): "memory.limit_in_bytes", ("memory", 2): "memory.max"}
 # Swap would let a process past its memory limit: counted with it (v1), or none at all (v2).
 _SWAP_FILE = {1: "memory.memsw.limit_in_bytes", 2: "memory.swap.max"}
-
-# A rollout cgroup's name: openforge-<runner>-<label>-<random>, where <runner> is
-# <PID namespace inode>.<pid>.<start time> of the process that made it, so a sweep can tell a
-# runner that is gone from one that lives (also after its pid is reused), and leaves alone
-# the cgroups of runners in another PID namespace, whose pids it cannot check.
-_NAME = re.compile(r"openforge-(\d+)\.(\d+)\.(\d+)-")
 
 _KILL_ROUNDS = 200  # of SIGKILL to every member, 10 ms apart: a fork loop is outpaced at once
 _REMOVE_TRIES = 100  # rmdir waits for the kernel to finish taking the killed processes out
@@ -143,7 +136,7 @@ class RolloutCgroup:
                memory_max: int | None = None) -> RolloutCgroup:
         """Make the cgroups (named for this runner and `label`) and set their limits; raise
         `CgroupError`."""
-        name = f"openforge-{_own_tag(os.getpid())}-{label[:40]}-{uuid.uuid4().hex[:8]}"
+        name = f"openforge-{own_tag(os.getpid())}-{label[:40]}-{uuid.uuid4().hex[:8]}"
         found = hierarchies()
         made = cls()
         try:
@@ -238,30 +231,10 @@ class RolloutCgroup:
         return hits, len(ended)
 
 
-def _runner_tag(pid: int) -> str:
-    """<PID namespace inode>.<pid>.<start time> of a process seen from this PID namespace
-    ("" when there is none with that pid)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        namespace = os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return ""
-    # Field 22, counted after the command name, which may itself hold spaces and parentheses.
-    start = stat.rpartition(")")[2].split()[19]
-    return f"{namespace}.{pid}.{start}"
-
-
-@functools.cache
-def _own_tag(pid: int) -> str:
-    """This process's `_runner_tag`, read once (keyed by pid: a forked child is another)."""
-    return _runner_tag(pid)
-
-
 def sweep() -> list[str]:
     """Remove the rollout cgroups that runners which are gone left behind (killed with
     SIGKILL, they could not), ending whatever still runs in them; the names of those removed.
     Cgroups of live runners, and of runners in another PID namespace, are left alone."""
-    namespace = _own_tag(os.getpid()).split(".")[0]
     removed = []
     for where in {(h.own, h.version): h for h in hierarchies().values()}.values():
         try:
@@ -269,11 +242,8 @@ def sweep() -> list[str]:
         except OSError:
             continue
         for path in children:
-            made_by = _NAME.match(path.name)
-            if made_by is None or made_by[1] != namespace:
-                continue
-            if _runner_tag(int(made_by[2])) == ".".join(made_by.groups()):
-                continue  # its runner lives
+            if not left_behind(path.name):
+                continue  # not a rollout cgroup, or its runner lives, or is out of sight
             with contextlib.suppress(CgroupError):  # one it cannot empty waits for the next
                 RolloutCgroup(dirs={where.controller: (path, where.version)}).close()
                 removed.append(path.name)

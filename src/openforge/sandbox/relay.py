@@ -9,11 +9,14 @@ and [::1]:PORT and passes each connection to `PORT.sock`, so the harness keeps t
 given, and reaches those ports and no other.
 
 `close()` (or leaving the `with` block) stops accepting, ends every open connection, joins
-every thread and removes the directory: nothing of a rollout's relay outlives it.
+every thread and removes the directory: nothing of a rollout's relay outlives it. A
+supervisor killed with SIGKILL cannot; the directory is named for it (`sandbox.leftovers`), and
+the next local executor made on the machine removes it.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import tempfile
@@ -21,10 +24,18 @@ import threading
 from pathlib import Path
 from types import TracebackType
 
+from openforge.sandbox.leftovers import make_folder
 from openforge.sandbox.nsinit import pump
 
 IN_SANDBOX = "/run/openforge-relay"  # where the sandbox sees the directory (read-only)
 THREAD_NAME = "openforge-relay"
+
+
+def relay_parent() -> Path:
+    """Where relays make their folders: /tmp, whatever TMPDIR says (a unix socket's path
+    holds 108 bytes, which a long TMPDIR would not leave), else the temporary folder."""
+    tmp = Path("/tmp")
+    return tmp if tmp.is_dir() and os.access(tmp, os.W_OK | os.X_OK) else Path(tempfile.gettempdir())
 
 
 def socket_name(port: int) -> str:
@@ -36,8 +47,7 @@ class Relay:
     """Unix sockets in `directory` (see the module docstring), serving until `close`."""
 
     def __init__(self, targets: dict[int, tuple[str, int]]) -> None:
-        # A short path: a unix socket's path is limited to 108 bytes.
-        self.directory = Path(tempfile.mkdtemp(prefix="openforge-relay-"))
+        self.directory = make_folder("relay", relay_parent())
         self.ports = sorted(targets)
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
