@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from openforge.errors import OpenforgeError
-from openforge.sandbox.leftovers import left_behind, own_tag
+from openforge.sandbox.leftovers import left_behind, name_prefix
 
 # Each controller's limit file in v1 and v2.
 _LIMIT_FILE = {("pids", 1): "pids.max", ("pids", 2): "pids.max",
@@ -136,7 +136,7 @@ class RolloutCgroup:
                memory_max: int | None = None) -> RolloutCgroup:
         """Make the cgroups (named for this runner and `label`) and set their limits; raise
         `CgroupError`."""
-        name = f"openforge-{own_tag(os.getpid())}-{label[:40]}-{uuid.uuid4().hex[:8]}"
+        name = name_prefix(label[:40]) + uuid.uuid4().hex[:8]
         found = hierarchies()
         made = cls()
         try:

@@ -69,12 +69,17 @@ def left_behind(name: str) -> bool:
     return found is None or found[0] in "ZX" or found[1] != ".".join(made_by.groups())
 
 
+def name_prefix(label: str) -> str:
+    """`openforge-<this process's tag>-<label>-`: what a thing this process makes is named
+    (a random part follows), so that a sweep can tell when its maker is gone."""
+    return f"openforge-{own_tag(os.getpid())}-{label}-"
+
+
 def make_folder(label: str, parent: str | os.PathLike[str] | None = None) -> Path:
-    """A new private folder `openforge-<this process's tag>-<label>-<random>` in `parent`
-    (default: the temporary folder), which a later sweep removes if this process is
-    killed before it does."""
-    return Path(tempfile.mkdtemp(prefix=f"openforge-{own_tag(os.getpid())}-{label}-",
-                                 dir=parent))
+    """A new private folder `name_prefix(label)` + random in `parent` (default: the
+    temporary folder), which a later sweep removes if this process is killed before it
+    does."""
+    return Path(tempfile.mkdtemp(prefix=name_prefix(label), dir=parent))
 
 
 def sweep_folders(parents: Iterable[str | os.PathLike[str]]) -> list[Path]:
