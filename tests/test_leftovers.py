@@ -116,3 +116,23 @@ def test_a_folder_whose_maker_is_a_zombie_is_removed(tmp_path: Path) -> None:
 
     assert sweep_folders([tmp_path]) == [folder]
     child.wait()
+
+
+def test_links_inside_a_leftover_go_with_it_and_their_targets_stay(tmp_path: Path) -> None:
+    # An agent without isolation (sandbox none) can plant links in a folder it makes, named
+    # like a killed runner's, to the user's files: the sweep removes the links only.
+    precious = tmp_path / "home"
+    (precious / "project").mkdir(parents=True)
+    (precious / "project" / "main.py").write_text("print('mine')")
+    (precious / "notes.txt").write_text("mine")
+    swept = tmp_path / "swept"
+    swept.mkdir()
+    gone = made_by_a_process_that_is_gone(swept)
+    (gone / "to-a-file").symlink_to(precious / "notes.txt")
+    (gone / "agent" / "to-a-folder").symlink_to(precious / "project", target_is_directory=True)
+
+    assert sweep_folders([swept]) == [gone]
+
+    assert not os.path.lexists(gone)
+    assert (precious / "notes.txt").read_text() == "mine"
+    assert (precious / "project" / "main.py").read_text() == "print('mine')"
