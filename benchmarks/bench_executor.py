@@ -7,7 +7,8 @@ An empty rollout runs the whole supervisor path (`python -m openforge.rollout`: 
 workspace, the agent's sandbox around a harness process that does nothing, the check that no
 process of it is left, final state, reward, the signed result line) so the figure is what
 openforge adds on top of the harness itself, per sandbox mode. Where the executor applies a
-cgroup per rollout (`max_processes`), the last line compares rollouts with and without it.
+cgroup per rollout (`max_processes`), a line compares rollouts with and without it; the last
+line does the same for the watch of each rollout's folder (`disk_max`, `files_max`).
 """
 
 from __future__ import annotations
@@ -94,17 +95,26 @@ async def main(argv: list[str] | None = None) -> None:
         n = max(args.rollouts_per_level, concurrency)
         print(json.dumps(await _level(executor, url, concurrency, n)))
     if executor.limits:
-        # What the rollout's cgroup costs (made, joined, emptied, removed): one rollout with
-        # it and one without, in turn, so that both see the same machine.
-        bare = LocalExecutor(sandbox=args.sandbox, max_processes=None)
-        with_, without = [], []
-        for _ in range(args.rollouts_per_level):
-            with_.append((await _level(executor, url, 1, 1))["p50_s"])
-            without.append((await _level(bare, url, 1, 1))["p50_s"])
-        a, b = statistics.median(with_), statistics.median(without)
-        print(json.dumps({"cgroup": {"rollouts": len(with_), "p50_with_s": a,
-                                     "p50_without_s": b, "ratio": round(a / b, 3)}}))
+        # What the rollout's cgroup costs (made, joined, emptied, removed).
+        await _compare("cgroup", executor, LocalExecutor(sandbox=args.sandbox, max_processes=None),
+                       url, args.rollouts_per_level)
+    if executor.disk_limits:
+        # What the watch of the rollout's folder costs (`du` every disk_check_s).
+        await _compare("disk watch", executor,
+                       LocalExecutor(sandbox=args.sandbox, disk_max=None, files_max=None),
+                       url, args.rollouts_per_level)
 
+
+async def _compare(label: str, executor: Any, bare: Any, url: str, rollouts: int) -> None:
+    """One rollout with `executor` and one with `bare` (the same without `label`), in turn,
+    so that both see the same machine; prints both medians and their ratio."""
+    with_, without = [], []
+    for _ in range(rollouts):
+        with_.append((await _level(executor, url, 1, 1))["p50_s"])
+        without.append((await _level(bare, url, 1, 1))["p50_s"])
+    a, b = statistics.median(with_), statistics.median(without)
+    print(json.dumps({label: {"rollouts": len(with_), "p50_with_s": a, "p50_without_s": b,
+                              "ratio": round(a / b, 3)}}))
 
 if __name__ == "__main__":
     asyncio.run(main())

@@ -366,6 +366,33 @@ def hog(know: dict[str, Any]) -> None:
     say("HOG survived")
 
 
+def fill(know: dict[str, Any]) -> None:
+    """Write `fill_mib` MiB into the workspace, then stay (holding the rollout open) long
+    enough for its folder to be measured; say whether it survived."""
+    say("FILL writing")
+    with open("filler.bin", "wb") as f:
+        for _ in range(know["fill_mib"]):
+            f.write(b"\1" * (1 << 20))
+    _outlast(know, "FILL")
+
+
+def litter(know: dict[str, Any]) -> None:
+    """Make `litter_files` empty files (no bytes, one inode each), then stay as `fill` does."""
+    say("LITTER making")
+    os.mkdir("litter")
+    for i in range(know["litter_files"]):
+        open(f"litter/{i}", "w").close()
+    _outlast(know, "LITTER")
+
+
+def _outlast(know: dict[str, Any], who: str) -> None:
+    """Sleep `outlast_s` (less than the harness's shell timeout), then say so: a rollout
+    ended for its folder never says it."""
+    say(who, "wrote")
+    time.sleep(know["outlast_s"])
+    say(who, "survived")
+
+
 def everything(know: dict[str, Any]) -> None:
     """The issue's attack in one shell call; the supervisor is killed last."""
     forge(know)
@@ -377,7 +404,8 @@ def everything(know: dict[str, Any]) -> None:
 ATTACKS = {"forge": forge, "kill": kill, "orphans": orphans, "canary": canary, "link": link,
            "trojan": trojan, "neighbour": neighbour,
            "tamper": tamper, "exploit": exploit, "victim": victim, "sibling": sibling,
-           "forkbomb": forkbomb, "hog": hog, "all": everything}
+           "forkbomb": forkbomb, "hog": hog, "fill": fill, "litter": litter,
+           "all": everything}
 
 if __name__ == "__main__":
     ATTACKS[sys.argv[1]](json.loads(sys.argv[2]))

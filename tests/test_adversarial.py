@@ -43,6 +43,7 @@ containers in the host's network: a real Pod has its own). docs/sandboxing.md ci
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -62,6 +63,7 @@ import yaml
 from attack_plugins import (
     ATTACKS,
     CANARY,
+    DISK_ATTACKS,
     LIMIT_ATTACKS,
     SECRET_ANSWER,
     SIBLING_ATTACKS,
@@ -75,7 +77,7 @@ from openforge.config import EngineConfig, RunConfig
 from openforge.export import export_run
 from openforge.npm import cache_root
 from openforge.runner import AttemptRecord, read_results, run_from_config
-from openforge.sandbox import cgroups
+from openforge.sandbox import cgroups, disk
 from openforge.store import Store, secret_hash
 from openforge.types import Call, RolloutResult
 
@@ -208,7 +210,8 @@ def attack_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, attac
             "hidden": str(hidden),
             "canary_paths": [str(home / "canary.txt")], "port": _free_port(),
             "neighbour": stack.enter_context(neighbour()), "meet": str(meet),
-            "sleeps": [int(s) for s in SLEEPS], "fork_tries": FORK_TRIES, "hog_mib": HOG_MIB}
+            "sleeps": [int(s) for s in SLEEPS], "fork_tries": FORK_TRIES, "hog_mib": HOG_MIB,
+            "fill_mib": FILL_MIB, "litter_files": LITTER_FILES, "outlast_s": OUTLAST_S}
     script = tmp_path / "attacks.yaml"
     script.write_text(yaml.safe_dump(solutions(know)))
     options = executor_options or {"sandbox": mode, "base_dir": str(base)}
@@ -240,6 +243,9 @@ def attack_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, attac
 # The limit attacks: forks a fork bomb tries at most, MiB a memory hog takes at most (both
 # bounded, so that a missing limit fails the test instead of the machine).
 FORK_TRIES, HOG_MIB = 2000, 1024
+# The disk attacks: MiB written, empty files made, then seconds they stay (below mini's
+# 30 s shell timeout): far past the limits the test sets, bounded all the same.
+FILL_MIB, LITTER_FILES, OUTLAST_S = 64, 5000, 20
 
 
 # The orphans' `sleep` durations, unique to this test process: a suite run next to this one
@@ -520,3 +526,45 @@ def test_a_fork_bomb_and_a_memory_hog_stop_at_their_rollouts_limits(
     left = [p for h in cgroups.hierarchies().values() if h.controller in ("pids", "memory")
             for p in h.own.iterdir() if p.is_dir() and p.name[:-8] in made]
     assert left == []
+
+
+@pytest.mark.skipif(disk.unavailable() is not None, reason=f"{disk.unavailable()}")
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_an_agent_that_fills_the_disk_is_ended_at_its_rollouts_limit_and_scored_0(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean: float, mode: str) -> None:
+    base = tmp_path / "sandboxes"
+    options = {"sandbox": mode, "base_dir": str(base), "disk_max": "16MiB", "files_max": 1000,
+               "disk_check_s": 0.2}
+    run = attack_run(tmp_path, monkeypatch, mode, DISK_ATTACKS, executor_options=options)
+    assert leftovers(clean) == []
+    assert_nothing_forged(run)
+    fill, litter = run.records["fill"], run.records["litter"]
+    # Ended once past the limit, after the model answered: the agent's doing, one attempt,
+    # 0 (without the limit each would have stayed 20 s, said so and ended "ok").
+    for record in (fill, litter):
+        assert (record.status, record.reward, record.tries) == ("harness_error", 0.0, 1)
+        assert record.limits_reached == {"disk": 1}
+        assert "its final state was not scored, reward 0" in (record.error or "")
+        assert "survived" not in run.said(record.task_id)
+    assert re.search(r"its folder took [\d.]+ MiB on disk, past its limit of 16\.0 MiB",
+                     fill.error or ""), fill.error
+    assert re.search(r"its folder took [\d,]+ files, past its limit of 1,000",
+                     litter.error or ""), litter.error
+    assert [p.name for p in base.iterdir()] == []  # the folders went with their rollouts
+
+
+def test_a_folder_past_its_limit_before_the_model_answered_is_infrastructures(
+        tmp_path: Path) -> None:
+    """Nothing recorded (here: no session to ask) leaves room for the harness or the
+    environment to have filled it: `infra_error`, retried, as on Kubernetes."""
+    from openforge.executors.local import LocalExecutor
+    from openforge.types import RolloutSpec, Task
+
+    executor = LocalExecutor(sandbox="none", base_dir=str(tmp_path))
+    spec = RolloutSpec(run_id="r", rollout_id="r-1", task=Task(id="t", prompt="p"),
+                       harness="mini", environment="demo", reward="checker",
+                       gateway_url="http://127.0.0.1:9", session_token="x", timeout_s=10)
+    result = asyncio.run(executor._ended_for_disk(spec, "its folder took 20.0 MiB", 1.0))
+    assert (result.status, result.reward) == ("infra_error", None)
+    assert result.error == ("rollout ended: its folder took 20.0 MiB (executor options "
+                            "disk_max, files_max); no result")

@@ -35,9 +35,10 @@ from openforge.types import Call
 
 
 def agents_own_end(harness_status: Literal["crashed", "timeout"],
-                   calls: Sequence[Call]) -> str | None:
+                   calls: Sequence[Call], scored: bool = True) -> str | None:
     """Why the harness's `crashed` or `timeout` is the agent's own doing, or None when the
-    recorded calls leave room for the infrastructure to be at fault (see the module)."""
+    recorded calls leave room for the infrastructure to be at fault (see the module).
+    `scored`: the attempt is scored on its final state (else the caller says why not)."""
     answered = sum(call.status == "ok" for call in calls)
     failed = sum(_infrastructure_failed(call) for call in calls)
     if not answered:
@@ -55,8 +56,8 @@ def agents_own_end(harness_status: Literal["crashed", "timeout"],
     else:
         why = f"crashed after the model answered {answered} call(s) and the engine refused " \
             f"the last one as the request's own fault ({last.http_status})"
-    return f"the harness {why}: the agent's own attempt, scored (docs/sandboxing.md, " \
-        "'Whose failure')"
+    verdict = "the agent's own attempt, scored" if scored else "the agent's own attempt"
+    return f"the harness {why}: {verdict} (docs/sandboxing.md, 'Whose failure')"
 
 
 def _infrastructure_failed(call: Call) -> bool:

@@ -504,6 +504,22 @@ def fetch_calls(spec: RolloutSpec) -> list[Call]:
                                    f"{exc}"[:2000]) from None
 
 
+def agents_own_crash(spec: RolloutSpec) -> str | None:
+    """Why the end of the attempt, before anything was scored, was the agent's own doing
+    (`attribution.agents_own_end` on the session's recorded calls), or None: the
+    infrastructure's, or nothing to tell (no scoring credential: a resumed try keeps only
+    its hash; a gateway that does not answer). For an executor that ended the attempt, or
+    saw it end, for what the agent did (a Pod's agent container killed, a local rollout's
+    folder past its disk limit)."""
+    if not spec.scoring_token or not spec.session_id:
+        return None
+    try:
+        calls = fetch_calls(spec)
+    except Exception:  # noqa: BLE001 - the gateway did not answer: the infrastructure's
+        return None
+    return agents_own_end("crashed", calls, scored=False)
+
+
 def execute(spec: RolloutSpec, root: Path, mode: SandboxMode = "none",
             protected: list[Path] | None = None, pass_env: list[str] | None = None,
             **launched: Any) -> RolloutResult:

@@ -209,7 +209,8 @@ class RolloutResult(StatusFlags, BaseModel):
     `permanent` marks an infrastructure failure that another try cannot fix (an image that
     does not exist, a spec the cluster rejects): labelled like any infra failure, not retried.
     `limits_reached` counts how often the agent met its rollout's limits (the local
-    executor's cgroup: `processes`, forks refused; `memory`, processes the OOM killer ended).
+    executor's cgroup: `processes`, forks refused; `memory`, processes the OOM killer ended;
+    its folder's watch: `disk`, 1 when the rollout was ended for what its folder took).
     """
 
     model_config = ConfigDict(extra="ignore")

@@ -55,11 +55,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from openforge.attribution import agents_own_end
 from openforge.environment import Environment
 from openforge.errors import OpenforgeError
 from openforge.executor import Executor
-from openforge.rollout import build_plugin, fetch_calls
+from openforge.rollout import agents_own_crash, build_plugin
 from openforge.types import RewardResult, RolloutResult, RolloutSpec
 
 
@@ -659,7 +658,7 @@ class KubernetesExecutor(Executor):
         final state and the supervisor went with the Pod), and were it retried, a policy
         would drop its 0s this way: `harness_error`, reward 0, labelled `unscored`.
         """
-        own = await asyncio.to_thread(_agents_own_crash, spec)
+        own = await asyncio.to_thread(agents_own_crash, spec)
         if own is None:
             return failed("infra_error", f"Pod {name}: {how}; no result")
         unscored = "the Pod failed with the agent's container: its final state was not scored"
@@ -732,20 +731,6 @@ class KubernetesExecutor(Executor):
             self._nodes = None
         await api.close()
         self._api = None
-
-
-def _agents_own_crash(spec: RolloutSpec) -> str | None:
-    """Why the end of the attempt's harness was the agent's own doing
-    (`attribution.agents_own_end` on the session's recorded calls), or None: the
-    infrastructure's, or nothing to tell (no scoring credential: a resumed try keeps only
-    its hash; a gateway that does not answer)."""
-    if not spec.scoring_token or not spec.session_id:
-        return None
-    try:
-        calls = fetch_calls(spec)
-    except Exception:  # noqa: BLE001 - the gateway did not answer: the infrastructure's
-        return None
-    return agents_own_end("crashed", calls)
 
 
 def _check_kubeconfig(path: Path | None) -> None:

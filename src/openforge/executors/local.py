@@ -25,6 +25,12 @@ the executor ends what is left in it and removes it afterwards. Where this user 
 cgroups, the default process limit is left out (the run's header says so) and an explicit
 one is refused.
 
+`disk_max` (10 GiB) and `files_max` (1,000,000) bound what each rollout's folder (the
+agent's HOME and workspace) takes of the runner's disk: the executor measures it every
+`disk_check_s` seconds while the rollout runs and ends the rollout once it is past either
+(`openforge.sandbox.disk`); judged as a Pod evicted for its volume's size limit is
+(`_ended_for_disk`).
+
 The runner process is made a child subreaper: if an agent kills its supervisor (possible only
 without isolation), the agent's orphans are re-parented to the runner, and the executor ends
 every child the runner adopted since that supervisor started (other than supervisors).
@@ -42,6 +48,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,7 +64,8 @@ from openforge.executors.process import (
     make_undumpable,
 )
 from openforge.options import PluginOptions
-from openforge.sandbox import forgery
+from openforge.rollout import agents_own_crash
+from openforge.sandbox import disk, forgery
 from openforge.sandbox.cgroups import CgroupError, Hits, RolloutCgroup, sweep, unavailable
 from openforge.sandbox.leftovers import KEPT, make_folder, sweep_folders
 from openforge.sandbox.modes import (
@@ -77,7 +85,7 @@ from openforge.sandbox.protocol import (
     scrub_env,
 )
 from openforge.sandbox.relay import relay_parent
-from openforge.types import RolloutResult, RolloutSpec
+from openforge.types import RewardResult, RolloutResult, RolloutSpec
 
 __all__ = ["LocalExecutor", "LocalExecutorError", "LocalOptions"]
 
@@ -113,6 +121,14 @@ class LocalOptions(PluginOptions):
     memory_max: ByteSize | None = None
     """Memory (bytes, or e.g. "2GiB") each rollout's agent may use, swap included; past it
     the kernel's OOM killer ends one of its processes. None: no limit. Needs a cgroup."""
+    disk_max: ByteSize | None = ByteSize(10 * 2**30)
+    """Disk space (bytes, or e.g. "10GiB") each rollout's folder (the agent's HOME and
+    workspace) may take; past it the rollout is ended (`openforge.sandbox.disk`). None: no
+    limit."""
+    files_max: int | None = Field(default=1_000_000, ge=1)
+    """Files each rollout's folder may hold; past it the rollout is ended. None: no limit."""
+    disk_check_s: float = Field(default=2.0, gt=0)
+    """Seconds between two measurements of a rollout's folder (`disk_max`, `files_max`)."""
 
     @field_validator("pass_env")
     @classmethod
@@ -147,6 +163,7 @@ class LocalExecutor(Executor):
             # A same-user agent must not read the runner's environment (/proc/<pid>/environ).
             make_undumpable()
         self.limits, self.no_limits = self._limits()
+        self.disk_limits, self.no_disk_limits = self._disk_limits()
         # What killed runners left (their rollouts' folders and cgroups), removed before
         # this one makes its own.
         self.swept = sweep() if self.limits else []
@@ -172,6 +189,19 @@ class LocalExecutor(Executor):
                 f"to this user, or set {explicit[0]} to null to run without the limit")
         return {}, why
 
+    def _disk_limits(self) -> tuple[dict[str, int], str | None]:
+        """The limits on each rollout's folder, and why the default ones are not, if so."""
+        asked = {"disk_max": self.options.disk_max, "files_max": self.options.files_max}
+        limits = {name: int(value) for name, value in asked.items() if value is not None}
+        why = disk.unavailable() if limits else None
+        if why is None:
+            return limits, None
+        explicit = sorted(set(limits) & self.options.model_fields_set)
+        if explicit:
+            raise LocalExecutorError(f"executor option {explicit[0]}: {why}; install "
+                                     f"coreutils, or set {explicit[0]} to null")
+        return {}, why
+
     def describe_sandbox(self) -> str:
         """One line for the run's header saying how rollouts are isolated (and what of
         killed runners' rollouts this executor removed)."""
@@ -194,13 +224,29 @@ class LocalExecutor(Executor):
                     "private /tmp, own PID namespace, no capabilities" + self._limits_suffix())
         why = "disabled by sandbox=none" if self.options.sandbox == "none" else \
             "neither bubblewrap nor unprivileged user namespaces are available"
-        limits = self._describe_limits()
+        limits = self._all_limits()
         return "sandbox: none. " + none_mode_warning(why) + \
             (f" {limits[0].upper()}{limits[1:]}." if limits else "")
 
     def _limits_suffix(self) -> str:
-        limits = self._describe_limits()
+        limits = self._all_limits()
         return f"; {limits}" if limits else ""
+
+    def _all_limits(self) -> str:
+        return "; ".join(part for part in (self._describe_limits(),
+                                           self._describe_disk_limits()) if part)
+
+    def _describe_disk_limits(self) -> str:
+        """The limits on each rollout's folder, for the header ("" when none was asked for)."""
+        if self.no_disk_limits:
+            return f"no disk limit per rollout ({self.no_disk_limits})"
+        parts = [_gib_or_mib(self.disk_limits["disk_max"])
+                 if "disk_max" in self.disk_limits else "",
+                 f"{self.disk_limits['files_max']:,} files"
+                 if "files_max" in self.disk_limits else ""]
+        shown = " and ".join(p for p in parts if p)
+        return (f"at most {shown} on disk per rollout (measured every "
+                f"{self.options.disk_check_s:g} s)") if shown else ""
 
     def _describe_limits(self) -> str:
         """The limits per rollout, for the header ("" when none was asked for)."""
@@ -262,6 +308,7 @@ class LocalExecutor(Executor):
                                  attempt=spec.attempt, session_id=spec.session_id,
                                  status="infra_error", error=str(exc), sandbox=self.mode)
         left_in_cgroup: str | None = None
+        past_disk: str | None = None  # what the folder's watch found, when it ended the rollout
         hits = Hits()
         try:
             # Appended to: a line the agent writes through /proc/<supervisor>/fd/1 (possible
@@ -285,7 +332,7 @@ class LocalExecutor(Executor):
             # that lands just as the wait completes, and then Ctrl-C would not stop the run.
             try:
                 async with asyncio.timeout(spec.timeout_s + self.options.kill_margin_s):
-                    await _exited(proc)
+                    past_disk = await _exited_or_past(proc, self._watch(root))
             except TimeoutError:
                 timed_out = True
         finally:
@@ -309,9 +356,12 @@ class LocalExecutor(Executor):
                     hits, _ = await asyncio.shield(asyncio.to_thread(cgroup.close))
                 except CgroupError as exc:
                     left_in_cgroup = str(exc)
-        result = self._collect(spec, stdout_path, stderr_path, key,
-                               proc.returncode if proc else None, timed_out,
-                               time.monotonic() - started)
+        if past_disk is not None:
+            result = await self._ended_for_disk(spec, past_disk, time.monotonic() - started)
+        else:
+            result = self._collect(spec, stdout_path, stderr_path, key,
+                                   proc.returncode if proc else None, timed_out,
+                                   time.monotonic() - started)
         if left_in_cgroup:
             result = result.model_copy(update={
                 "status": "infra_error", "reward": None,
@@ -319,17 +369,51 @@ class LocalExecutor(Executor):
         elif cgroup is not None:
             # Reaching a limit is the agent's own doing, scored as it ended; the count says so.
             result.limits_reached = hits.as_dict()
+        if past_disk is not None:
+            result.limits_reached["disk"] = 1
         if self.options.keep_dirs:
             (root / KEPT).touch()  # not a leftover: no later executor's sweep removes it
         else:
             shutil.rmtree(root, ignore_errors=True)
         return result
 
+    def _watch(self, root: Path) -> Coroutine[Any, Any, str] | None:
+        """The watch of the rollout's folder (None without disk limits)."""
+        if not self.disk_limits:
+            return None
+        return disk.watch(root, self.disk_limits.get("disk_max"),
+                          self.disk_limits.get("files_max"), self.options.disk_check_s)
+
+    async def _ended_for_disk(self, spec: RolloutSpec, found: str,
+                              duration: float) -> RolloutResult:
+        """The result of a rollout ended because its folder went past a disk limit.
+
+        Judged as on Kubernetes, where the kubelet evicts a Pod whose volume goes past its
+        size limit (`openforge.rollout.agents_own_crash` on the recorded calls): once the
+        model has answered, it is the agent's doing, and since it was ended before
+        anything was scored, `harness_error` with reward 0, labelled `unscored` (retried,
+        a policy would drop its 0s this way); before, `infra_error`, retried.
+        """
+        base = self._result_base(spec, duration)
+        ended = f"rollout ended: {found} (executor options disk_max, files_max)"
+        own = await asyncio.to_thread(agents_own_crash, spec)
+        if own is None:
+            return RolloutResult(**base, status="infra_error", error=f"{ended}; no result")
+        unscored = "ended for what its agent wrote to disk: its final state was not scored"
+        return RolloutResult(**base, status="harness_error",
+                             error=f"{ended}; {own}; {unscored}, reward 0",
+                             reward=RewardResult(score=0.0, passed=False,
+                                                 details={"unscored": unscored}))
+
+    def _result_base(self, spec: RolloutSpec, duration: float) -> dict[str, Any]:
+        """The fields every result of this attempt has, whatever its status."""
+        return {"rollout_id": spec.rollout_id, "task_id": spec.task.id,
+                "attempt": spec.attempt, "session_id": spec.session_id,
+                "duration_s": duration, "sandbox": self.mode}
+
     def _collect(self, spec: RolloutSpec, stdout_path: Path, stderr_path: Path, key: bytes,
                  returncode: int | None, timed_out: bool, duration: float) -> RolloutResult:
-        base: dict[str, Any] = {"rollout_id": spec.rollout_id, "task_id": spec.task.id,
-                                "attempt": spec.attempt, "session_id": spec.session_id,
-                                "duration_s": duration, "sandbox": self.mode}
+        base = self._result_base(spec, duration)
         if timed_out:
             return RolloutResult(**base, status="timeout",
                                  error=f"rollout killed after the hard timeout of {spec.timeout_s:g}s")
@@ -354,6 +438,29 @@ class LocalExecutor(Executor):
         tail = stderr.strip()[-1500:]
         return RolloutResult(**base, status="infra_error",
                              error=f"rollout supervisor died: {why}" + (f": {tail}" if tail else ""))
+
+
+def _gib_or_mib(n: int) -> str:
+    return f"{n / 2**30:g} GiB" if n >= 2**30 else f"{n / 2**20:g} MiB"
+
+
+async def _exited_or_past(proc: subprocess.Popen[bytes],
+                          watch: Coroutine[Any, Any, str] | None) -> str | None:
+    """Until `proc` has exited (None), or `watch` returned first (what it found)."""
+    if watch is None:
+        await _exited(proc)
+        return None
+    exited, watching = asyncio.ensure_future(_exited(proc)), asyncio.ensure_future(watch)
+    try:
+        await asyncio.wait({exited, watching}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (exited, watching):
+            task.cancel()
+        # Cancelled tasks end before we go on: no measurement runs past its rollout.
+        await asyncio.gather(exited, watching, return_exceptions=True)
+    if watching.done() and not watching.cancelled() and watching.exception() is None:
+        return watching.result()
+    return None
 
 
 async def _exited(proc: subprocess.Popen[bytes]) -> None:
