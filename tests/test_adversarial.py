@@ -531,7 +531,8 @@ def test_a_fork_bomb_and_a_memory_hog_stop_at_their_rollouts_limits(
 @pytest.mark.skipif(disk.unavailable() is not None, reason=f"{disk.unavailable()}")
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_an_agent_that_fills_the_disk_is_ended_at_its_rollouts_limit_and_scored_0(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean: float, mode: str) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        clean: float, mode: str) -> None:
     base = tmp_path / "sandboxes"
     options = {"sandbox": mode, "base_dir": str(base), "disk_max": "16MiB", "files_max": 1000,
                "disk_check_s": 0.2}
@@ -551,6 +552,8 @@ def test_an_agent_that_fills_the_disk_is_ended_at_its_rollouts_limit_and_scored_
     assert re.search(r"its folder took [\d,]+ files, past its limit of 1,000",
                      litter.error or ""), litter.error
     assert [p.name for p in base.iterdir()] == []  # the folders went with their rollouts
+    said = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert "attempts that reached their rollout's limits: disk 2 (limits_reached" in said
 
 
 def test_a_folder_past_its_limit_before_the_model_answered_is_infrastructures(

@@ -29,6 +29,7 @@ landing and its result is collected (`Executor.find_attempt`, `Executor.adoptabl
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import re
@@ -421,6 +422,14 @@ class Runner:
                                "(not scored, not retried); fix the plugin. First:[/bold red]")
             self.console.print(f"  {errors[0].task_id}.{errors[0].attempt}: {errors[0].error}",
                                markup=False, highlight=False)
+        limited = collections.Counter(name for r in self.records for name in r.limits_reached)
+        if limited:
+            # The agent's doing, in its score: shown so that a limit set too low is noticed.
+            self.console.print(
+                "attempts that reached their rollout's limits: " + ", ".join(
+                    f"{name} {n}" for name, n in sorted(limited.items())) +
+                " (limits_reached in results.jsonl, executor options: docs/sandboxing.md)",
+                markup=False, highlight=False)
         report_json = next((p for p in paths if p.suffix == ".json"), None)
         trajectories = json.loads(report_json.read_text()).get("trajectories") if report_json else None
         if trajectories:
