@@ -32,6 +32,7 @@ TAMPER_ATTACKS = ("tamper", "exploit")  # run in this order, one at a time
 SIBLING_ATTACKS = ("victim", "sibling")  # run side by side
 LIMIT_ATTACKS = ("forkbomb", "hog")  # the machine's processes and memory (local executor)
 DISK_ATTACKS = ("fill", "litter")  # the machine's disk: bytes and inodes (local executor)
+TMP_ATTACKS = ("stuff",)  # the machine's memory through the sandbox's tmpfs (local executor)
 CANARY = "CANARY-7c1e0d5b-do-not-leak"
 SECRET_ANSWER = "the-honest-answer-nobody-writes"
 
@@ -83,7 +84,8 @@ def solutions(know: dict[str, Any]) -> list[dict[str, Any]]:
     """The scripted engine's script: each attack task runs its attack, then says done; the
     victim and the sibling run theirs up to three times, until they have met."""
     script = []
-    for name in (*ATTACKS, *TAMPER_ATTACKS, *SIBLING_ATTACKS, *LIMIT_ATTACKS, *DISK_ATTACKS):
+    for name in (*ATTACKS, *TAMPER_ATTACKS, *SIBLING_ATTACKS, *LIMIT_ATTACKS, *DISK_ATTACKS,
+                 *TMP_ATTACKS):
         call = {"tool_calls": [{"name": "shell",
                                 "arguments": {"command": attack_command(name, know)}}]}
         tries = 3 if name in SIBLING_ATTACKS else 1

@@ -13,6 +13,7 @@ See tests/test_adversarial.py for what each attack must not achieve.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -385,6 +386,25 @@ def litter(know: dict[str, Any]) -> None:
     _outlast(know, "LITTER")
 
 
+def stuff(know: dict[str, Any]) -> None:
+    """Write up to `stuff_mib` MiB into /tmp and into /dev/shm (memory, in a sandbox), and
+    say how much each took before it was refused."""
+    for folder in ("/tmp", "/dev/shm"):
+        wrote, why = 0, "all of it"
+        try:
+            with open(f"{folder}/stuffing-{os.getpid()}", "wb") as f:
+                for _ in range(know["stuff_mib"]):
+                    f.write(b"\1" * (1 << 20))
+                    f.flush()
+                    wrote += 1
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(f"{folder}/stuffing-{os.getpid()}")
+        say(f"STUFF {folder} {wrote} MiB: {why}")
+
+
 def _outlast(know: dict[str, Any], who: str) -> None:
     """Sleep `outlast_s` (less than the harness's shell timeout), then say so: a rollout
     ended for its folder never says it."""
@@ -405,6 +425,7 @@ ATTACKS = {"forge": forge, "kill": kill, "orphans": orphans, "canary": canary, "
            "trojan": trojan, "neighbour": neighbour,
            "tamper": tamper, "exploit": exploit, "victim": victim, "sibling": sibling,
            "forkbomb": forkbomb, "hog": hog, "fill": fill, "litter": litter,
+           "stuff": stuff,
            "all": everything}
 
 if __name__ == "__main__":

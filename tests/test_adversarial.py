@@ -68,9 +68,10 @@ from attack_plugins import (
     SECRET_ANSWER,
     SIBLING_ATTACKS,
     TAMPER_ATTACKS,
+    TMP_ATTACKS,
     solutions,
 )
-from sandbox_modes import ALL_MODES
+from sandbox_modes import ALL_MODES, ISOLATING_MODES
 from socket_servers import serve
 
 from openforge.config import EngineConfig, RunConfig
@@ -211,7 +212,8 @@ def attack_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, attac
             "canary_paths": [str(home / "canary.txt")], "port": _free_port(),
             "neighbour": stack.enter_context(neighbour()), "meet": str(meet),
             "sleeps": [int(s) for s in SLEEPS], "fork_tries": FORK_TRIES, "hog_mib": HOG_MIB,
-            "fill_mib": FILL_MIB, "litter_files": LITTER_FILES, "outlast_s": OUTLAST_S}
+            "fill_mib": FILL_MIB, "litter_files": LITTER_FILES, "outlast_s": OUTLAST_S,
+            "stuff_mib": STUFF_MIB}
     script = tmp_path / "attacks.yaml"
     script.write_text(yaml.safe_dump(solutions(know)))
     options = executor_options or {"sandbox": mode, "base_dir": str(base)}
@@ -246,6 +248,8 @@ FORK_TRIES, HOG_MIB = 2000, 1024
 # The disk attacks: MiB written, empty files made, then seconds they stay (below mini's
 # 30 s shell timeout): far past the limits the test sets, bounded all the same.
 FILL_MIB, LITTER_FILES, OUTLAST_S = 64, 5000, 20
+# MiB the tmpfs attack writes into /tmp and into /dev/shm, at most (past the test's limit).
+STUFF_MIB = 96
 
 
 # The orphans' `sleep` durations, unique to this test process: a suite run next to this one
@@ -571,3 +575,22 @@ def test_a_folder_past_its_limit_before_the_model_answered_is_infrastructures(
     assert (result.status, result.reward) == ("infra_error", None)
     assert result.error == ("rollout ended: its folder took 20.0 MiB (executor options "
                             "disk_max, files_max); no result")
+
+
+@pytest.mark.parametrize("mode", ISOLATING_MODES)
+def test_the_sandboxs_tmp_and_shm_take_no_more_memory_than_tmp_max(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean: float, mode: str) -> None:
+    options = {"sandbox": mode, "base_dir": str(tmp_path / "sandboxes"), "tmp_max": "16MiB"}
+    run = attack_run(tmp_path, monkeypatch, mode, TMP_ATTACKS, executor_options=options)
+    assert leftovers(clean) == []
+    assert_nothing_forged(run)
+    said = run.said("stuff").replace("\\n", "\n")
+    for folder in ("/tmp", "/dev/shm"):
+        found = re.search(rf"STUFF {folder} (\d+) MiB: ([^\\\n]+)", said)
+        # Refused within the 16 MiB (less what the harness keeps there); without the size,
+        # all 96 MiB would have gone into memory.
+        assert found and 0 < int(found[1]) <= 16 and found[2] == "No space left on device", \
+            (folder, said[-2000:])
+    # Ended as any agent whose write was refused: scored as it ended, not retried.
+    assert (run.records["stuff"].status, run.records["stuff"].tries) == ("ok", 1)
+

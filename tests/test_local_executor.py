@@ -278,6 +278,19 @@ def test_describe_sandbox_names_the_mode_and_warns_without_isolation() -> None:
     assert os.path.exists(LocalExecutor(sandbox="none").options.python)
 
 
+@pytest.mark.parametrize("mode", ISOLATING_MODES)
+def test_the_header_and_the_supervisor_get_the_size_of_the_private_tmp(mode: str) -> None:
+    executor = LocalExecutor(sandbox=mode)
+    assert "view, private /tmp and /dev/shm of 2 GiB each, own PID namespace" \
+        in executor.describe_sandbox()
+    assert "--tmp-max 2147483648" in " ".join(executor._argv(Path("/r"), Path("/s"), None))
+    executor = LocalExecutor(sandbox=mode, tmp_max=None)
+    assert "view, private /tmp, own PID namespace" in executor.describe_sandbox()
+    assert "--tmp-max" not in executor._argv(Path("/r"), Path("/s"), None)
+    # Without isolation /tmp is the host's: there is nothing to size.
+    assert "--tmp-max" not in LocalExecutor(sandbox="none")._argv(Path("/r"), Path("/s"), None)
+
+
 @pytest.fixture
 def no_bwrap(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr("openforge.sandbox.modes.bwrap_path", lambda: None)

@@ -180,16 +180,18 @@ class Supervisor:
                  protected: list[Path] | None = None, pass_env: list[str] | None = None, *,
                  launch: Launch | None = None, sandbox: str | None = None,
                  agent_dir: Path | None = None, workspace: Path | None = None,
-                 cgroups: list[str] | None = None) -> None:
+                 cgroups: list[str] | None = None, tmp_max: int | None = None) -> None:
         """`mode` builds the agent's sandbox here (and the sandboxes that run the agent's
         code while scoring), each started inside the rollout's `cgroups` (their
-        `cgroup.procs` files: `sandbox.cgroups`). With `launch`, the agent runs elsewhere (a
+        `cgroup.procs` files: `sandbox.cgroups`), with a private /tmp and /dev/shm of
+        `tmp_max` bytes each (None: the kernel's default, half the machine's memory). With `launch`, the agent runs elsewhere (a
         Pod's agent container): `sandbox` names that isolation in the result, `agent_dir`
         and `workspace` are the folders the agent shares with this process."""
         self.spec = spec
         self.root = root
         self.mode = mode
         self.cgroups = cgroups or []
+        self.tmp_max = tmp_max
         self.launch = launch
         self.sandbox = sandbox or mode
         # Whether the agent's files are its own (else its writes to the task's data are checked).
@@ -306,7 +308,7 @@ class Supervisor:
         # Without isolation the view is not mounted, but it still says what the agent was
         # meant to see: links out of it are removed before the trusted side reads anything.
         view = build_view(dirs["AGENT"], workspace=workspace, programs=programs, data=data,
-                          protected=self.protected, hidden=hidden)
+                          protected=self.protected, hidden=hidden, tmpfs_size=self.tmp_max)
         if self.launch is None and self.isolating:
             for dropped in view.dropped:
                 print(f"openforge.rollout: not mapped into the sandbox: {dropped}", file=sys.stderr)
@@ -548,6 +550,9 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--cgroup", action="append", default=[],
                         help="the cgroup.procs file of a cgroup every sandbox of the attempt "
                              "starts in (repeatable; the local executor makes them)")
+    parser.add_argument("--tmp-max", type=int, default=None, metavar="BYTES",
+                        help="the size of each isolated sandbox's private /tmp and /dev/shm "
+                             "(memory; default: the kernel's, half the machine's memory)")
     return parser.parse_args(argv)
 
 
@@ -576,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
                                    status="infra_error", error=str(exc))
         else:
             result = execute(spec, root, mode, args.protect, args.pass_env,
-                             cgroups=args.cgroup)
+                             cgroups=args.cgroup, tmp_max=args.tmp_max)
     finally:
         if not args.dir:  # ours to remove; an executor's directory is the executor's
             shutil.rmtree(root, ignore_errors=True)

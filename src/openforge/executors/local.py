@@ -121,6 +121,11 @@ class LocalOptions(PluginOptions):
     memory_max: ByteSize | None = None
     """Memory (bytes, or e.g. "2GiB") each rollout's agent may use, swap included; past it
     the kernel's OOM killer ends one of its processes. None: no limit. Needs a cgroup."""
+    tmp_max: ByteSize | None = ByteSize(2 * 2**30)
+    """The size of the agent sandbox's private /tmp and of its /dev/shm, each (bytes, or
+    e.g. "2GiB"): they are memory (tmpfs), and without a size each may take half of the
+    machine's; past it a write fails with "No space left on device". None: the kernel's
+    default. Applies to the isolating modes (bwrap, namespaces)."""
     disk_max: ByteSize | None = ByteSize(10 * 2**30)
     """Disk space (bytes, or e.g. "10GiB") each rollout's folder (the agent's HOME and
     workspace) may take; past it the rollout is ended (`openforge.sandbox.disk`). None: no
@@ -216,17 +221,24 @@ class LocalExecutor(Executor):
 
     def _describe_mode(self) -> str:
         if self.mode == "bwrap":
-            return (f"sandbox: bubblewrap ({self.bwrap}): allowlisted read-only view, private "
-                    "/tmp, own PID namespace, no capabilities" + self._limits_suffix())
+            return (f"sandbox: bubblewrap ({self.bwrap}): allowlisted read-only view, "
+                    f"{self._describe_tmp()}, own PID namespace, no capabilities"
+                    + self._limits_suffix())
         if self.mode == "namespaces":
             why = "" if self.options.sandbox == "namespaces" else "; bubblewrap is not available"
             return (f"sandbox: namespaces (user, mount, PID{why}): allowlisted read-only view, "
-                    "private /tmp, own PID namespace, no capabilities" + self._limits_suffix())
+                    f"{self._describe_tmp()}, own PID namespace, no capabilities"
+                    + self._limits_suffix())
         why = "disabled by sandbox=none" if self.options.sandbox == "none" else \
             "neither bubblewrap nor unprivileged user namespaces are available"
         limits = self._all_limits()
         return "sandbox: none. " + none_mode_warning(why) + \
             (f" {limits[0].upper()}{limits[1:]}." if limits else "")
+
+    def _describe_tmp(self) -> str:
+        size = self.options.tmp_max
+        return "private /tmp" if size is None else \
+            f"private /tmp and /dev/shm of {_gib_or_mib(int(size))} each"
 
     def _limits_suffix(self) -> str:
         limits = self._all_limits()
@@ -281,6 +293,8 @@ class LocalExecutor(Executor):
             argv += ["--pass-env", name]
         for procs in cgroup.procs_files if cgroup else []:
             argv += ["--cgroup", procs]
+        if self.options.tmp_max is not None and self.mode != "none":
+            argv += ["--tmp-max", str(int(self.options.tmp_max))]
         return argv + [str(spec_path)]
 
     def _cgroup(self, spec: RolloutSpec) -> RolloutCgroup | None:

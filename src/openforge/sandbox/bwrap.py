@@ -25,8 +25,9 @@ def view_options(view: View, *, proc: bool = True) -> list[str]:
     """The view as bubblewrap mount options, ending in `--chdir` (its working folder).
     `proc=False` inside another bubblewrap sandbox, which cannot mount a /proc of its own."""
     argv = ["--dev", "/dev", *(["--proc", "/proc"] if proc else [])]
+    size = ["--size", str(view.tmpfs_size)] if view.tmpfs_size else []
     for path in view.tmpfs:
-        argv += ["--tmpfs", path]
+        argv += [*size, "--tmpfs", path]
     for bind in view.binds:
         argv += ["--bind" if bind.rw else "--ro-bind", bind.src, bind.dst]
     for path in view.hidden:  # after the binds: over the folder a read-only bind shows

@@ -184,9 +184,10 @@ def build_root(view: dict[str, Any], base: str) -> None:
         os.symlink(target, f"{new}/dev/{name}")
     _mkdirs(new + "/proc")
     _mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    size = f",size={view['tmpfs_size']}" if view.get("tmpfs_size") else ""
     for path in view["tmpfs"]:
         _mkdirs(new + path)
-        _mount("tmpfs", new + path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+        _mount("tmpfs", new + path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777" + size)
     for bind in view["binds"]:
         _bind(old + bind["src"], new + bind["dst"], bind["rw"], new + "/proc")
     for path in view["hidden"]:  # after the binds: over the folder a read-only bind shows

@@ -54,6 +54,9 @@ class View:
     # Folders inside a mapped one, overmounted with an empty read-only tmpfs after the binds.
     hidden: list[str] = field(default_factory=list)
     tmpfs: list[str] = field(default_factory=lambda: ["/tmp", "/dev/shm"])
+    # The size of each of those, in bytes: they are memory, and the kernel's default is half
+    # of the machine's each. None: that default.
+    tmpfs_size: int | None = None
     cwd: str = "/"
     dropped: list[str] = field(default_factory=list)  # candidates refused (for the log)
 
@@ -64,7 +67,8 @@ class View:
     def from_json(cls, data: dict[str, Any]) -> View:
         return cls(binds=[Bind(**b) for b in data["binds"]],
                    symlinks=[(t, p) for t, p in data["symlinks"]], masks=list(data["masks"]),
-                   hidden=list(data["hidden"]), tmpfs=list(data["tmpfs"]), cwd=data["cwd"],
+                   hidden=list(data["hidden"]), tmpfs=list(data["tmpfs"]),
+                   tmpfs_size=data.get("tmpfs_size"), cwd=data["cwd"],
                    dropped=list(data["dropped"]))
 
     def sources(self) -> list[str]:
@@ -104,9 +108,10 @@ def unmapped(view: View, paths: Iterable[str]) -> list[str]:
 
 def build_view(agent_dir: Path, *, workspace: Path, programs: Iterable[Path | str] = (),
                data: Iterable[Path | str] = (), protected: Iterable[Path | str] = (),
-               hidden: Iterable[Path | str] = ()) -> View:
-    """The allowlisted view for one rollout (see the module docstring)."""
-    view = View(cwd=str(workspace))
+               hidden: Iterable[Path | str] = (), tmpfs_size: int | None = None) -> View:
+    """The allowlisted view for one rollout (see the module docstring); `tmpfs_size`: the
+    size of its private /tmp and /dev/shm, each (None: the kernel's default)."""
+    view = View(cwd=str(workspace), tmpfs_size=tmpfs_size)
     guarded = [os.path.realpath(p) for p in protected]
     agent = os.path.realpath(agent_dir)
 
