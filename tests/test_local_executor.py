@@ -68,6 +68,22 @@ async def test_ok_rollout_reports_its_result(tmp_path: Path, mode: str) -> None:
     assert list(tmp_path.iterdir()) == []  # the rollout directory was removed
 
 
+async def test_a_watch_that_cannot_start_du_leaves_the_rollout_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """`du` that cannot be started (the machine out of processes) is no fault of the agent's:
+    the rollout runs to its end and is scored, and the runner's log says the watch failed."""
+    async def no_du(folder: Path) -> object:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr("openforge.sandbox.disk.usage", no_du)
+    result = await LocalExecutor(sandbox="none", base_dir=tmp_path).run(make_spec("OkHarness"))
+    assert result.status == "ok", result.error
+    assert result.reward is not None and result.reward.passed and result.limits_reached == {}
+    assert "the watch of a rollout's folder failed ([Errno 11] Resource temporarily " \
+        "unavailable); the rollout goes on without it" in caplog.text
+
+
 @pytest.mark.parametrize("mode", ALL_MODES)
 async def test_hanging_harness_is_killed_with_all_descendants(tmp_path: Path, mode: str) -> None:
     executor = LocalExecutor(sandbox=mode, base_dir=tmp_path, keep_dirs=True)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -88,6 +89,8 @@ from openforge.sandbox.relay import relay_parent
 from openforge.types import RewardResult, RolloutResult, RolloutSpec
 
 __all__ = ["LocalExecutor", "LocalExecutorError", "LocalOptions"]
+
+log = logging.getLogger("openforge.executors.local")
 
 
 class LocalExecutorError(OpenforgeError):
@@ -460,13 +463,19 @@ def _gib_or_mib(n: int) -> str:
 
 async def _exited_or_past(proc: subprocess.Popen[bytes],
                           watch: Coroutine[Any, Any, str] | None) -> str | None:
-    """Until `proc` has exited (None), or `watch` returned first (what it found)."""
+    """Until `proc` has exited (None), or `watch` returned first (what it found). A watch
+    that fails (`du` cannot be started: the machine is out of processes) is the
+    infrastructure's: the rollout goes on unwatched, with a warning, and is not ended."""
     if watch is None:
         await _exited(proc)
         return None
     exited, watching = asyncio.ensure_future(_exited(proc)), asyncio.ensure_future(watch)
     try:
         await asyncio.wait({exited, watching}, return_when=asyncio.FIRST_COMPLETED)
+        if not exited.done() and watching.exception() is not None:
+            log.warning("the watch of a rollout's folder failed (%s); the rollout goes on "
+                        "without it", watching.exception())
+            await exited
     finally:
         for task in (exited, watching):
             task.cancel()
