@@ -184,9 +184,10 @@ class Supervisor:
         """`mode` builds the agent's sandbox here (and the sandboxes that run the agent's
         code while scoring), each started inside the rollout's `cgroups` (their
         `cgroup.procs` files: `sandbox.cgroups`), with a private /tmp and /dev/shm of
-        `tmp_max` bytes each (None: the kernel's default, half the machine's memory). With `launch`, the agent runs elsewhere (a
-        Pod's agent container): `sandbox` names that isolation in the result, `agent_dir`
-        and `workspace` are the folders the agent shares with this process."""
+        `tmp_max` bytes each (None: the kernel's default, half the machine's memory). With
+        `launch`, the agent runs elsewhere (a Pod's agent container): `sandbox` names that
+        isolation in the result, `agent_dir` and `workspace` are the folders the agent
+        shares with this process."""
         self.spec = spec
         self.root = root
         self.mode = mode

@@ -49,7 +49,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, Literal
 
@@ -180,34 +180,34 @@ class LocalExecutor(Executor):
              *([self.options.base_dir] if self.options.base_dir else [])])
 
     def _limits(self) -> tuple[dict[str, int], str | None]:
-        """The per-rollout limits to apply, and why the default ones are not, if so."""
-        asked = {"max_processes": self.options.max_processes,
-                 "memory_max": self.options.memory_max}
-        limits = {name: int(value) for name, value in asked.items() if value is not None}
-        if not limits:
-            return {}, None
-        why = unavailable(["processes" if name == "max_processes" else "memory"
-                           for name in limits])
-        if why is None:
-            return limits, None
-        explicit = sorted(set(limits) & self.options.model_fields_set)
-        if explicit:
-            raise LocalExecutorError(
-                f"executor option {explicit[0]}: {why}. Run as root, or in a cgroup delegated "
-                f"to this user, or set {explicit[0]} to null to run without the limit")
-        return {}, why
+        """The per-rollout cgroup limits to apply, and why the default ones are not, if so."""
+        return self._applicable(
+            {"max_processes": self.options.max_processes, "memory_max": self.options.memory_max},
+            lambda names: unavailable(["processes" if name == "max_processes" else "memory"
+                                       for name in names]),
+            ". Run as root, or in a cgroup delegated to this user, or set {name} to null to run "
+            "without the limit")
 
     def _disk_limits(self) -> tuple[dict[str, int], str | None]:
         """The limits on each rollout's folder, and why the default ones are not, if so."""
-        asked = {"disk_max": self.options.disk_max, "files_max": self.options.files_max}
+        return self._applicable(
+            {"disk_max": self.options.disk_max, "files_max": self.options.files_max},
+            lambda names: disk.unavailable(), "; install coreutils, or set {name} to null")
+
+    def _applicable(self, asked: dict[str, int | None],
+                    unavailable_why: Callable[[list[str]], str | None],
+                    remedy: str) -> tuple[dict[str, int], str | None]:
+        """The limits of `asked` that are set, or none and why where this machine cannot
+        apply them (`unavailable_why`): a default is then left out, an option set
+        explicitly refused with the `remedy` ("{name}": the option)."""
         limits = {name: int(value) for name, value in asked.items() if value is not None}
-        why = disk.unavailable() if limits else None
+        why = unavailable_why(list(limits)) if limits else None
         if why is None:
             return limits, None
         explicit = sorted(set(limits) & self.options.model_fields_set)
         if explicit:
-            raise LocalExecutorError(f"executor option {explicit[0]}: {why}; install "
-                                     f"coreutils, or set {explicit[0]} to null")
+            raise LocalExecutorError(f"executor option {explicit[0]}: {why}"
+                                     + remedy.format(name=explicit[0]))
         return {}, why
 
     def describe_sandbox(self) -> str:
