@@ -7,8 +7,15 @@ An empty rollout runs the whole supervisor path (`python -m openforge.rollout`: 
 workspace, the agent's sandbox around a harness process that does nothing, the check that no
 process of it is left, final state, reward, the signed result line) so the figure is what
 openforge adds on top of the harness itself, per sandbox mode. Where the executor applies a
-cgroup per rollout (`max_processes`), a line compares rollouts with and without it; the last
+cgroup per rollout (`max_processes`), a line compares rollouts with and without it; the next
 line does the same for the watch of each rollout's folder (`disk_max`, `files_max`).
+
+The last line is the CPU a neighbour keeps while an agent runs busy processes (`cpu share`):
+one process (the gateway, a runner, another rollout's check) spins for SPIN_S seconds while
+HOG_PROCS processes spin beside it, once in the runner's own cgroup (as without a `cpu`
+cgroup per rollout) and once in a rollout's `cpu` cgroup (`RolloutCgroup(cpu_share=True)`,
+the executor's default); printed: the neighbour's CPU seconds per second in each, and their
+ratio.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Iterable
@@ -95,14 +103,56 @@ async def main(argv: list[str] | None = None) -> None:
         n = max(args.rollouts_per_level, concurrency)
         print(json.dumps(await _level(executor, url, concurrency, n)))
     if executor.limits:
-        # What the rollout's cgroup costs (made, joined, emptied, removed).
-        await _compare("cgroup", executor, LocalExecutor(sandbox=args.sandbox, max_processes=None),
-                       url, args.rollouts_per_level)
+        # What the rollout's cgroups cost (made, joined, emptied, removed).
+        bare = LocalExecutor(sandbox=args.sandbox, max_processes=None)
+        bare.cpu_share = False  # no option turns it off: it costs nothing else
+        await _compare("cgroup", executor, bare, url, args.rollouts_per_level)
     if executor.disk_limits:
         # What the watch of the rollout's folder costs (`du` every disk_check_s).
         await _compare("disk watch", executor,
                        LocalExecutor(sandbox=args.sandbox, disk_max=None, files_max=None),
                        url, args.rollouts_per_level)
+    if executor.cpu_share:
+        cpu_share()
+
+
+HOG_PROCS, SPIN_S = 8, 3.0
+# Spins for SPIN_S seconds of wall time, then prints the CPU seconds it got.
+_SPIN = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass\n" \
+    "print(time.process_time())"
+
+
+def cpu_share() -> None:
+    """The neighbour's CPU per second beside HOG_PROCS busy processes, without and with a
+    `cpu` cgroup around them (see the module's docstring)."""
+    from openforge.sandbox.cgroups import RolloutCgroup, joiner, unavailable
+
+    why = unavailable(["cpu"])
+    if why is not None:
+        print(json.dumps({"cpu share": f"not measured: {why}"}))
+        return
+    got = {}
+    for way in ("without", "with"):
+        group = RolloutCgroup.create("bench-cpu", cpu_share=True) if way == "with" else None
+        join = joiner(group.procs_files) if group is not None else None
+        try:
+            hogs = [subprocess.Popen([sys.executable, "-c", _SPIN.format(s=SPIN_S + 1)],
+                                     stdout=subprocess.DEVNULL, preexec_fn=join)
+                    for _ in range(HOG_PROCS)]
+            time.sleep(0.5)  # all of them busy before the neighbour starts
+            neighbour = subprocess.run([sys.executable, "-c", _SPIN.format(s=SPIN_S)],
+                                       capture_output=True, text=True, check=True)
+            got[way] = float(neighbour.stdout) / SPIN_S
+            for hog in hogs:
+                hog.wait()
+        finally:
+            if group is not None:
+                group.close()
+    print(json.dumps({"cpu share": {
+        "busy processes beside it": HOG_PROCS, "cores": os.cpu_count(),
+        "neighbour_cpu_per_s_without": round(got["without"], 3),
+        "neighbour_cpu_per_s_with": round(got["with"], 3),
+        "ratio": round(got["with"] / max(got["without"], 1e-3), 2)}}))
 
 
 async def _compare(label: str, executor: Any, bare: Any, url: str, rollouts: int) -> None:

@@ -30,7 +30,8 @@ from openforge.types import RewardResult, Task
 ATTACKS = ("forge", "kill", "orphans", "canary", "link", "trojan", "neighbour", "all")
 TAMPER_ATTACKS = ("tamper", "exploit")  # run in this order, one at a time
 SIBLING_ATTACKS = ("victim", "sibling")  # run side by side
-LIMIT_ATTACKS = ("forkbomb", "hog")  # the machine's processes and memory (local executor)
+# The machine's processes, memory and CPU (local executor).
+LIMIT_ATTACKS = ("forkbomb", "hog", "spin")
 DISK_ATTACKS = ("fill", "litter")  # the machine's disk: bytes and inodes (local executor)
 TMP_ATTACKS = ("stuff",)  # the machine's memory through the sandbox's tmpfs (local executor)
 CANARY = "CANARY-7c1e0d5b-do-not-leak"

@@ -367,6 +367,22 @@ def hog(know: dict[str, Any]) -> None:
     say("HOG survived")
 
 
+def spin(know: dict[str, Any]) -> None:
+    """Keep `spin_procs` processes busy for `spin_s` seconds."""
+    deadline = time.monotonic() + know["spin_s"]
+    children = []
+    for _ in range(know["spin_procs"]):
+        pid = os.fork()
+        if pid == 0:
+            while time.monotonic() < deadline:
+                pass
+            os._exit(0)
+        children.append(pid)
+    for pid in children:
+        os.waitpid(pid, 0)
+    say("SPIN done")
+
+
 def fill(know: dict[str, Any]) -> None:
     """Write `fill_mib` MiB into the workspace, then stay (holding the rollout open) long
     enough for its folder to be measured; say whether it survived."""
@@ -424,7 +440,7 @@ def everything(know: dict[str, Any]) -> None:
 ATTACKS = {"forge": forge, "kill": kill, "orphans": orphans, "canary": canary, "link": link,
            "trojan": trojan, "neighbour": neighbour,
            "tamper": tamper, "exploit": exploit, "victim": victim, "sibling": sibling,
-           "forkbomb": forkbomb, "hog": hog, "fill": fill, "litter": litter,
+           "forkbomb": forkbomb, "hog": hog, "spin": spin, "fill": fill, "litter": litter,
            "stuff": stuff,
            "all": everything}
 

@@ -213,7 +213,7 @@ def attack_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, attac
             "neighbour": stack.enter_context(neighbour()), "meet": str(meet),
             "sleeps": [int(s) for s in SLEEPS], "fork_tries": FORK_TRIES, "hog_mib": HOG_MIB,
             "fill_mib": FILL_MIB, "litter_files": LITTER_FILES, "outlast_s": OUTLAST_S,
-            "stuff_mib": STUFF_MIB}
+            "stuff_mib": STUFF_MIB, "spin_procs": SPIN_PROCS, "spin_s": SPIN_S}
     script = tmp_path / "attacks.yaml"
     script.write_text(yaml.safe_dump(solutions(know)))
     options = executor_options or {"sandbox": mode, "base_dir": str(base)}
@@ -250,6 +250,8 @@ FORK_TRIES, HOG_MIB = 2000, 1024
 FILL_MIB, LITTER_FILES, OUTLAST_S = 64, 5000, 20
 # MiB the tmpfs attack writes into /tmp and into /dev/shm, at most (past the test's limit).
 STUFF_MIB = 96
+# The CPU attack: busy processes, and the seconds they spin.
+SPIN_PROCS, SPIN_S = 4, 2
 
 
 # The orphans' `sleep` durations, unique to this test process: a suite run next to this one
@@ -502,15 +504,15 @@ def test_a_sibling_cannot_use_its_neighbours_token(attack: Callable[..., AttackR
         assert stolen and "result 404" in run.said("sibling")
 
 
-NO_CGROUPS = cgroups.unavailable(["processes", "memory"])
+NO_CGROUPS = cgroups.unavailable(["processes", "memory", "cpu"])
 
 
 @pytest.mark.skipif(NO_CGROUPS is not None, reason=f"no cgroup this user can make: {NO_CGROUPS}")
 @pytest.mark.parametrize("mode", ALL_MODES)
-def test_a_fork_bomb_and_a_memory_hog_stop_at_their_rollouts_limits(
+def test_a_fork_bomb_a_memory_hog_and_a_cpu_hog_stop_at_their_rollouts_limits(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean: float, mode: str) -> None:
     options = {"sandbox": mode, "base_dir": str(tmp_path / "sandboxes"), "max_processes": 64,
-               "memory_max": "256MiB"}
+               "memory_max": "256MiB", "cpu_max": 0.25}
     run = attack_run(tmp_path, monkeypatch, mode, LIMIT_ATTACKS, executor_options=options)
     assert leftovers(clean) == []
     assert_nothing_forged(run)
@@ -525,9 +527,16 @@ def test_a_fork_bomb_and_a_memory_hog_stop_at_their_rollouts_limits(
     said = run.said("hog")
     assert "HOG allocating" in said and "HOG survived" not in said  # ended at 256 of 1024 MiB
     assert hog.limits_reached["memory"] >= 1
+    # The spinner's processes ran in its rollout's cpu cgroup, held to a quarter of a core
+    # all together: the kernel made them wait (4 busy processes for 2 s want 8 CPU-seconds),
+    # counted in that cgroup; the rollout still ran to its end, scored.
+    spinner = run.records["spin"]
+    assert (spinner.status, spinner.reward) == ("ok", 0.0)
+    assert "SPIN done" in run.said("spin")
+    assert spinner.limits_reached["cpu"] >= 1
     # Each rollout's cgroups are gone with it.
     made = {f"openforge-{r.rollout_id[:40]}-" for r in run.records.values()}
-    left = [p for h in cgroups.hierarchies().values() if h.controller in ("pids", "memory")
+    left = [p for h in cgroups.hierarchies().values() if h.controller in ("pids", "memory", "cpu")
             for p in h.own.iterdir() if p.is_dir() and p.name[:-8] in made]
     assert left == []
 

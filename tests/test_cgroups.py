@@ -62,6 +62,47 @@ def test_a_process_past_the_memory_limit_is_ended_and_counted() -> None:
     assert hits.memory >= 1
 
 
+NO_CPU_CGROUP = cgroups.unavailable(["cpu"])
+needs_cpu_cgroup = pytest.mark.skipif(NO_CPU_CGROUP is not None,
+                                      reason=f"no cpu cgroup this user can make: {NO_CPU_CGROUP}")
+
+# Two processes busy for 1.5 s of wall time: they want 3 CPU-seconds.
+SPIN = ("import os, time\nend = time.monotonic() + 1.5\nos.fork()\n"
+        "while time.monotonic() < end: pass")
+
+
+@needs_cpu_cgroup
+def test_cpu_max_holds_all_the_rollouts_processes_to_their_quota_together() -> None:
+    group = RolloutCgroup.create("test-cpu", cpu_max=0.2)
+    [(path, version)] = group.dirs.values()
+    try:
+        quota = (path / ("cpu.cfs_quota_us" if version == 1 else "cpu.max")).read_text().split()
+        assert quota[0] == "20000"  # a fifth of each 100 ms period
+        subprocess.run([sys.executable, "-c", SPIN], check=True, timeout=120,
+                       preexec_fn=joiner(group.procs_files))
+        # Wanting 15 times their quota, they waited in most of the periods they ran in.
+        assert group.hits().cpu >= 1
+    finally:
+        hits, _ = group.close()
+    assert hits.as_dict()["cpu"] >= 1 and not path.exists()
+
+
+@needs_cpu_cgroup
+def test_a_cpu_share_alone_makes_a_cgroup_without_a_quota() -> None:
+    group = RolloutCgroup.create("test-share", max_processes=20, cpu_share=True)
+    try:
+        assert set(group.dirs) == {"pids", "cpu"}
+        path, version = group.dirs["cpu"]
+        quota = (path / ("cpu.cfs_quota_us" if version == 1 else "cpu.max")).read_text().split()
+        assert quota[0] in ("-1", "max")  # no cap: its processes only weigh as one
+        ran = subprocess.run(["cat", "/proc/self/cgroup"], capture_output=True, text=True,
+                             check=True, preexec_fn=joiner(group.procs_files))
+        assert path.name in ran.stdout
+    finally:
+        group.close()
+    assert not path.exists()
+
+
 def test_a_sandbox_that_cannot_join_its_cgroup_does_not_start(tmp_path: Path) -> None:
     gone = tmp_path / "removed-cgroup" / "cgroup.procs"
     exit_ = run_agent("none", Command(argv=["true"]), env={}, view=View(binds=[]),
@@ -80,13 +121,13 @@ def test_without_cgroups_the_default_limit_is_left_out_and_an_explicit_one_refus
     assert executor.describe_sandbox().startswith("sandbox: none. WARNING")
     assert "guarantees. No process limit per rollout (no cgroup hierarchy of this process " \
         "has the pids controller" in executor.describe_sandbox()
-    for option, value in (("max_processes", 100), ("memory_max", "1GiB")):
+    for option, value in (("max_processes", 100), ("memory_max", "1GiB"), ("cpu_max", 1.5)):
         with pytest.raises(LocalExecutorError) as refused:
             LocalExecutor(sandbox="none", **{option: value})
         assert str(refused.value).startswith(f"executor option {option}: no cgroup hierarchy")
         assert f"set {option} to null to run without the limit" in str(refused.value)
-    assert LocalExecutor(sandbox="none", max_processes=None).describe_sandbox().startswith(
-        "sandbox: none. WARNING")  # nothing asked, nothing said
+    quiet = LocalExecutor(sandbox="none", max_processes=None)
+    assert not quiet.cpu_share and "cgroup" not in quiet.describe_sandbox()  # nothing asked
 
 
 # A runner that makes a rollout cgroup, starts a sleeper in it (in a session of its own, so
@@ -142,12 +183,21 @@ def test_the_cgroups_a_killed_runner_left_are_swept_and_a_live_runners_kept() ->
 
 
 @needs_cgroups
+@needs_cpu_cgroup
 def test_the_runs_header_says_the_limits() -> None:
     executor = LocalExecutor(sandbox="none", memory_max="1GiB")
     assert executor.limits == {"max_processes": 1024, "memory_max": 1 << 30}
     # (A sweep's note may follow: another test's runner may have been killed.)
-    assert "guarantees. At most 1024 processes and 1,024 MiB of memory per rollout (cgroup)" \
-        in executor.describe_sandbox()
+    assert "guarantees. At most 1024 processes and 1,024 MiB of memory per rollout (cgroup), " \
+        "each rollout's processes weighing as one on the CPU;" in executor.describe_sandbox()
+    capped = LocalExecutor(sandbox="none", memory_max="1GiB", cpu_max=1.5)
+    assert capped.limits["cpu_max"] == 1.5
+    assert "At most 1024 processes, 1,024 MiB of memory and 1.5 CPUs per rollout (cgroup)" \
+        in capped.describe_sandbox()
+    shared = LocalExecutor(sandbox="none", max_processes=None)
+    assert shared.limits == {} and shared.cpu_share
+    assert "guarantees. Each rollout's processes weigh as one on the CPU (cgroup);" \
+        in shared.describe_sandbox()
     isolated = LocalExecutor(sandbox="bwrap" if bwrap_path() else "none", max_processes=50)
     if isolated.mode == "bwrap":
         assert "no capabilities; at most 50 processes per rollout (cgroup)" \

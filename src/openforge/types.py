@@ -210,7 +210,8 @@ class RolloutResult(StatusFlags, BaseModel):
     does not exist, a spec the cluster rejects): labelled like any infra failure, not retried.
     `limits_reached` counts how often the agent met its rollout's limits (the local
     executor's cgroup: `processes`, forks refused; `memory`, processes the OOM killer ended;
-    its folder's watch: `disk`, 1 when the rollout was ended for what its folder took).
+    `cpu`, 100 ms periods its processes waited out at `cpu_max`; its folder's watch: `disk`,
+    1 when the rollout was ended for what its folder took).
     """
 
     model_config = ConfigDict(extra="ignore")

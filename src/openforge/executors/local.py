@@ -23,7 +23,9 @@ agent through a cgroup of its own (`openforge.sandbox.cgroups`): the executor ma
 before the supervisor starts, the supervisor starts every sandbox of the attempt in it, and
 the executor ends what is left in it and removes it afterwards. Where this user cannot make
 cgroups, the default process limit is left out (the run's header says so) and an explicit
-one is refused.
+one is refused. Where it can make one in the `cpu` hierarchy, all of a rollout's processes
+weigh as one against the runner's and the other rollouts' on the CPU, and `cpu_max` (none
+by default) caps their CPU time.
 
 `disk_max` (10 GiB) and `files_max` (1,000,000) bound what each rollout's folder (the
 agent's HOME and workspace) takes of the runner's disk: the executor measures it every
@@ -124,6 +126,11 @@ class LocalOptions(PluginOptions):
     memory_max: ByteSize | None = None
     """Memory (bytes, or e.g. "2GiB") each rollout's agent may use, swap included; past it
     the kernel's OOM killer ends one of its processes. None: no limit. Needs a cgroup."""
+    cpu_max: float | None = Field(default=None, ge=0.01)
+    """CPU time each rollout's agent may use per second, all its processes together (1.5:
+    one and a half cores' worth); past it they wait for the next period (100 ms). None: no
+    cap, but a cgroup of its own still makes its processes weigh as one on the CPU, however
+    many it starts. Needs a cgroup."""
     tmp_max: ByteSize | None = ByteSize(2 * 2**30)
     """The size of the agent sandbox's private /tmp and of its /dev/shm, each (bytes, or
     e.g. "2GiB"): they are memory (tmpfs), and without a size each may take half of the
@@ -171,36 +178,40 @@ class LocalExecutor(Executor):
             # A same-user agent must not read the runner's environment (/proc/<pid>/environ).
             make_undumpable()
         self.limits, self.no_limits = self._limits()
+        # Its own `cpu` cgroup for every rollout, wherever one can be made: no option turns
+        # it off, as nothing is lost by it (a cap is `cpu_max`).
+        self.cpu_share = "cpu_max" in self.limits or unavailable(["cpu"]) is None
         self.disk_limits, self.no_disk_limits = self._disk_limits()
         # What killed runners left (their rollouts' folders and cgroups), removed before
         # this one makes its own.
-        self.swept = sweep() if self.limits else []
+        self.swept = sweep() if self.limits or self.cpu_share else []
         self.swept_folders = sweep_folders(
             [tempfile.gettempdir(), relay_parent(),
              *([self.options.base_dir] if self.options.base_dir else [])])
 
-    def _limits(self) -> tuple[dict[str, int], str | None]:
+    def _limits(self) -> tuple[dict[str, float], str | None]:
         """The per-rollout cgroup limits to apply, and why the default ones are not, if so."""
+        controllers = {"max_processes": "processes", "memory_max": "memory", "cpu_max": "cpu"}
         return self._applicable(
-            {"max_processes": self.options.max_processes, "memory_max": self.options.memory_max},
-            lambda names: unavailable(["processes" if name == "max_processes" else "memory"
-                                       for name in names]),
+            {"max_processes": self.options.max_processes, "memory_max": self.options.memory_max,
+             "cpu_max": self.options.cpu_max},
+            lambda names: unavailable([controllers[name] for name in names]),
             ". Run as root, or in a cgroup delegated to this user, or set {name} to null to run "
             "without the limit")
 
-    def _disk_limits(self) -> tuple[dict[str, int], str | None]:
+    def _disk_limits(self) -> tuple[dict[str, float], str | None]:
         """The limits on each rollout's folder, and why the default ones are not, if so."""
         return self._applicable(
             {"disk_max": self.options.disk_max, "files_max": self.options.files_max},
             lambda names: disk.unavailable(), "; install coreutils, or set {name} to null")
 
-    def _applicable(self, asked: dict[str, int | None],
+    def _applicable(self, asked: dict[str, float | None],
                     unavailable_why: Callable[[list[str]], str | None],
-                    remedy: str) -> tuple[dict[str, int], str | None]:
+                    remedy: str) -> tuple[dict[str, float], str | None]:
         """The limits of `asked` that are set, or none and why where this machine cannot
         apply them (`unavailable_why`): a default is then left out, an option set
         explicitly refused with the `remedy` ("{name}": the option)."""
-        limits = {name: int(value) for name, value in asked.items() if value is not None}
+        limits = {name: value for name, value in asked.items() if value is not None}
         why = unavailable_why(list(limits)) if limits else None
         if why is None:
             return limits, None
@@ -255,7 +266,7 @@ class LocalExecutor(Executor):
         """The limits on each rollout's folder, for the header ("" when none was asked for)."""
         if self.no_disk_limits:
             return f"no disk limit per rollout ({self.no_disk_limits})"
-        parts = [_gib_or_mib(self.disk_limits["disk_max"])
+        parts = [_gib_or_mib(int(self.disk_limits["disk_max"]))
                  if "disk_max" in self.disk_limits else "",
                  f"{self.disk_limits['files_max']:,} files"
                  if "files_max" in self.disk_limits else ""]
@@ -267,12 +278,18 @@ class LocalExecutor(Executor):
         """The limits per rollout, for the header ("" when none was asked for)."""
         if self.no_limits:
             return f"no process limit per rollout ({self.no_limits})"
-        parts = [f"at most {self.limits['max_processes']} processes"
+        parts = [f"{self.limits['max_processes']:.0f} processes"
                  if "max_processes" in self.limits else "",
                  f"{self.limits['memory_max'] / 2**20:,.0f} MiB of memory"
-                 if "memory_max" in self.limits else ""]
-        shown = " and ".join(p for p in parts if p)
-        return f"{shown} per rollout (cgroup)" if shown else ""
+                 if "memory_max" in self.limits else "",
+                 f"{self.limits['cpu_max']:g} CPUs" if "cpu_max" in self.limits else ""]
+        words = [p for p in parts if p]
+        shown = " and ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
+        if not shown:
+            return "each rollout's processes weigh as one on the CPU (cgroup)" \
+                if self.cpu_share else ""
+        return f"at most {shown} per rollout (cgroup)" + \
+            (", each rollout's processes weighing as one on the CPU" if self.cpu_share else "")
 
     def _layout(self, spec: RolloutSpec) -> tuple[Path, dict[str, str]]:
         base = self.options.base_dir
@@ -302,10 +319,14 @@ class LocalExecutor(Executor):
 
     def _cgroup(self, spec: RolloutSpec) -> RolloutCgroup | None:
         """The rollout's cgroup with its limits, or None when there are none."""
-        if not self.limits:
+        if not self.limits and not self.cpu_share:
             return None
-        return RolloutCgroup.create(spec.rollout_id, max_processes=self.limits.get("max_processes"),
-                                    memory_max=self.limits.get("memory_max"))
+        limits = self.limits
+        return RolloutCgroup.create(
+            spec.rollout_id,
+            max_processes=int(limits["max_processes"]) if "max_processes" in limits else None,
+            memory_max=int(limits["memory_max"]) if "memory_max" in limits else None,
+            cpu_max=limits.get("cpu_max"), cpu_share=self.cpu_share)
 
     async def run(self, spec: RolloutSpec) -> RolloutResult:
         started = time.monotonic()
@@ -398,8 +419,10 @@ class LocalExecutor(Executor):
         """The watch of the rollout's folder (None without disk limits)."""
         if not self.disk_limits:
             return None
-        return disk.watch(root, self.disk_limits.get("disk_max"),
-                          self.disk_limits.get("files_max"), self.options.disk_check_s)
+        limits = self.disk_limits
+        return disk.watch(root, int(limits["disk_max"]) if "disk_max" in limits else None,
+                          int(limits["files_max"]) if "files_max" in limits else None,
+                          self.options.disk_check_s)
 
     async def _ended_for_disk(self, spec: RolloutSpec, found: str,
                               duration: float) -> RolloutResult:

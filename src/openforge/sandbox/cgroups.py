@@ -1,4 +1,5 @@
-"""A cgroup of each rollout's own: how many processes its agent may have, and how much memory.
+"""A cgroup of each rollout's own: how many processes its agent may have, how much memory,
+and its share of the CPU.
 
 A sandbox's namespaces hide the host, but do not bound what the agent uses of it: a command
 that forks without end takes the host's PIDs (`kernel.pid_max` is the whole machine's), and
@@ -6,13 +7,19 @@ with them the runner's, the gateway's and every other rollout's forks. `RLIMIT_N
 bound one sandbox (the kernel counts it per user across user namespaces, and not for root);
 a cgroup can. The local executor makes one per rollout (`RolloutCgroup.create`), in each
 hierarchy that has the controller it needs (`pids` for `max_processes`, `memory` for
-`memory_max`), under the runner's own cgroup; the supervisor starts the agent (and every
-check that runs the agent's code while scoring) inside it (`joiner`: the child joins
-before it runs the command, so nothing it starts is outside); once the rollout has ended the
-executor ends whatever is still in it and removes it (`close`), and says when a limit was
-reached (`Hits`). A runner killed with SIGKILL cannot remove its rollouts' cgroups; the
-next executor made on the machine does (`sweep`): each cgroup's name says which runner
-made it (`sandbox.leftovers`).
+`memory_max`, `cpu` for `cpu_max` and the rollout's share of the CPU), under the runner's
+own cgroup; the supervisor starts the agent (and every check that runs the agent's code
+while scoring) inside it (`joiner`: the child joins before it runs the command, so nothing
+it starts is outside); once the rollout has ended the executor ends whatever is still in
+it and removes it (`close`), and says when a limit was reached (`Hits`). A runner killed
+with SIGKILL cannot remove its rollouts' cgroups; the next executor made on the machine
+does (`sweep`): each cgroup's name says which runner made it (`sandbox.leftovers`).
+
+The CPU is the host's too: the kernel's scheduler weighs each process alike, so an agent
+that starts a hundred busy processes takes a hundred shares from the gateway, the runner
+and the other rollouts, whose checks may then run out of time, which is scored against
+them. In a `cpu` cgroup of its own, all of a rollout's processes weigh as one
+(`cpu_share`), and `cpu_max` caps what they use together.
 
 cgroup v1 (a hierarchy per controller) and v2 (one hierarchy, where the runner's cgroup has
 the controllers enabled for its children, as a delegated systemd scope has) are both used.
@@ -38,10 +45,13 @@ from openforge.sandbox.leftovers import left_behind, name_prefix
 
 # Each controller's limit file in v1 and v2.
 _LIMIT_FILE = {("pids", 1): "pids.max", ("pids", 2): "pids.max",
-               ("memory", 1): "memory.limit_in_bytes", ("memory", 2): "memory.max"}
+               ("memory", 1): "memory.limit_in_bytes", ("memory", 2): "memory.max",
+               ("cpu", 1): "cpu.cfs_quota_us", ("cpu", 2): "cpu.max"}
 # Swap would let a process past its memory limit: counted with it (v1), or none at all (v2).
 _SWAP_FILE = {1: "memory.memsw.limit_in_bytes", 2: "memory.swap.max"}
 
+# The CFS period the CPU quota is a share of (the kernel's default), in microseconds.
+CPU_PERIOD_US = 100_000
 _KILL_ROUNDS = 200  # of SIGKILL to every member, 10 ms apart: a fork loop is outpaced at once
 _REMOVE_TRIES = 100  # rmdir waits for the kernel to finish taking the killed processes out
 
@@ -100,13 +110,14 @@ def hierarchies() -> dict[str, Hierarchy]:
 
 
 def unavailable(limits: Iterable[str]) -> str | None:
-    """Why a rollout cgroup with these limits ("processes", "memory") cannot be made here,
-    or None when it can (one is made, limited and removed to find out)."""
+    """Why a rollout cgroup with these limits ("processes", "memory", "cpu") cannot be made
+    here, or None when it can (one is made, limited and removed to find out)."""
     asked = set(limits)
     try:
         RolloutCgroup.create("probe",
                              max_processes=1 << 20 if "processes" in asked else None,
-                             memory_max=1 << 40 if "memory" in asked else None).close()
+                             memory_max=1 << 40 if "memory" in asked else None,
+                             cpu_max=1.0 if "cpu" in asked else None).close()
     except CgroupError as exc:
         return str(exc)
     return None
@@ -115,14 +126,15 @@ def unavailable(limits: Iterable[str]) -> str | None:
 @dataclass
 class Hits:
     """How often a rollout's limits were reached: forks refused, processes the OOM killer
-    took."""
+    took, CPU periods in which its processes were held back at their quota."""
 
     processes: int = 0
     memory: int = 0
+    cpu: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {name: n for name, n in (("processes", self.processes),
-                                        ("memory", self.memory)) if n}
+                                        ("memory", self.memory), ("cpu", self.cpu)) if n}
 
 
 @dataclass
@@ -133,15 +145,23 @@ class RolloutCgroup:
 
     @classmethod
     def create(cls, label: str, max_processes: int | None = None,
-               memory_max: int | None = None) -> RolloutCgroup:
+               memory_max: int | None = None, cpu_max: float | None = None,
+               cpu_share: bool = False) -> RolloutCgroup:
         """Make the cgroups (named for this runner and `label`) and set their limits; raise
-        `CgroupError`."""
+        `CgroupError`.
+
+        `cpu_max` is CPU time per second of wall time (1.5: one and a half cores' worth).
+        `cpu_share` makes the `cpu` cgroup even without it: the kernel's scheduler then
+        weighs all of the rollout's processes together as one of its neighbours (one
+        process of the runner, one other rollout), however many the agent starts.
+        """
         name = name_prefix(label[:40]) + uuid.uuid4().hex[:8]
         found = hierarchies()
         made = cls()
         try:
-            for controller, value in (("pids", max_processes), ("memory", memory_max)):
-                if value is None:
+            for controller, value in (("pids", max_processes), ("memory", memory_max),
+                                      ("cpu", cpu_max)):
+                if value is None and not (controller == "cpu" and cpu_share):
                     continue
                 if controller not in found:
                     raise CgroupError(
@@ -153,7 +173,9 @@ class RolloutCgroup:
                 if (path, where.version) not in made.dirs.values():  # v2: one for both
                     path.mkdir()
                 made.dirs[controller] = (path, where.version)
-                (path / _LIMIT_FILE[controller, where.version]).write_text(str(value))
+                if value is not None:
+                    (path / _LIMIT_FILE[controller, where.version]).write_text(
+                        _limit_text(controller, value, where.version))
                 swap = path / _SWAP_FILE[where.version]
                 if controller == "memory" and swap.exists():
                     swap.write_text(str(value) if where.version == 1 else "0")
@@ -183,13 +205,13 @@ class RolloutCgroup:
         """How often the limits were reached so far."""
         hits = Hits()
         for controller, (path, version) in self.dirs.items():
-            events = "pids.events" if controller == "pids" else \
-                ("memory.oom_control" if version == 1 else "memory.events")
-            counts = _counts(path / events)
             if controller == "pids":
-                hits.processes = counts.get("max", 0)
+                hits.processes = _counts(path / "pids.events").get("max", 0)
+            elif controller == "memory":
+                events = "memory.oom_control" if version == 1 else "memory.events"
+                hits.memory = _counts(path / events).get("oom_kill", 0)
             else:
-                hits.memory = counts.get("oom_kill", 0)
+                hits.cpu = _counts(path / "cpu.stat").get("nr_throttled", 0)
         return hits
 
     def close(self) -> tuple[Hits, int]:
@@ -248,6 +270,15 @@ def sweep() -> list[str]:
                 RolloutCgroup(dirs={where.controller: (path, where.version)}).close()
                 removed.append(path.name)
     return removed
+
+
+def _limit_text(controller: str, value: float, version: int) -> str:
+    """What a controller's limit file takes for `value`."""
+    if controller != "cpu":
+        return str(int(value))
+    quota = max(1000, round(value * CPU_PERIOD_US))  # the kernel refuses less than 1 ms
+    # v1 keeps the period in cpu.cfs_period_us (the default); v2 takes both in cpu.max.
+    return str(quota) if version == 1 else f"{quota} {CPU_PERIOD_US}"
 
 
 def _counts(path: Path) -> dict[str, int]:
