@@ -8,7 +8,8 @@ workspace, the agent's sandbox around a harness process that does nothing, the c
 process of it is left, final state, reward, the signed result line) so the figure is what
 openforge adds on top of the harness itself, per sandbox mode. Where the executor applies a
 cgroup per rollout (`max_processes`), a line compares rollouts with and without it; the next
-line does the same for the watch of each rollout's folder (`disk_max`, `files_max`).
+line does the same for the watch of each rollout's folder (`disk_max`, `files_max`), and the
+one after for the `cpu` cgroup beside the `pids` one.
 
 The last line is the CPU a neighbour keeps while an agent runs busy processes (`cpu share`):
 one process (the gateway, a runner, another rollout's check) spins for SPIN_S seconds while
@@ -113,6 +114,10 @@ async def main(argv: list[str] | None = None) -> None:
                        LocalExecutor(sandbox=args.sandbox, disk_max=None, files_max=None),
                        url, args.rollouts_per_level)
     if executor.cpu_share:
+        # What the `cpu` cgroup adds beside the `pids` one.
+        pids_only = LocalExecutor(sandbox=args.sandbox)
+        pids_only.cpu_share = False
+        await _compare("cpu cgroup", executor, pids_only, url, args.rollouts_per_level)
         cpu_share()
 
 
