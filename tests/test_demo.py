@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from openforge.builtin.checker import CheckerReward, NoCheckerError
-from openforge.builtin.demo import DemoEnvironment
+from openforge.builtin.demo import DemoEnvironment, _run_python
 from openforge.builtin.mini_agent import run_tool
 from openforge.config import EngineConfig, RunConfig
 from openforge.environment import Environment
@@ -80,6 +80,24 @@ def test_partial_credit_and_final_state(tmp_path: Path) -> None:
     assert json.loads(state["files"]["config.json"]["content"])["debug"] is False
     verdict = env.check(task, tmp_path, state)
     assert verdict.score == pytest.approx(0.5) and not verdict.passed
+
+
+def test_a_file_or_an_output_too_large_to_read_whole_is_never_a_match(tmp_path: Path) -> None:
+    """The checkers read at most 1 MiB of a file the agent wrote (it decides how large it
+    is): the right answer followed by 2 MiB of spaces, which stripping would have made a
+    match, is cut and fails; so does a script whose output is too long to read whole."""
+    env = DemoEnvironment()
+    hello = next(t for t in env.tasks() if t.id == "hello-file")
+    (tmp_path / "hello.txt").write_text("Hello, world!" + " " * (2 << 20))
+    verdict = env.check(hello, tmp_path, {})
+    assert (verdict.score, verdict.details["reason"]) == (0.0, "hello.txt has the wrong content")
+    (tmp_path / "hello.txt").write_text("Hello, world!" + " " * 100)
+    assert env.check(hello, tmp_path, {}).score == 1.0
+    script = tmp_path / "loud.py"
+    script.write_text("print('x' * (9 << 20))")
+    assert _run_python(tmp_path, "loud.py") == (-1, "")
+    script.write_text("print('ok')")
+    assert _run_python(tmp_path, "loud.py") == (0, "ok\n")
 
 
 def test_checker_reward_needs_a_checker(tmp_path: Path) -> None:

@@ -192,6 +192,23 @@ def test_parse_completed_run(ctx: HarnessContext) -> None:
     assert out.transcript["usage"]["output_tokens"] == 3
 
 
+def test_a_session_file_the_agent_grew_is_read_bounded(
+        ctx: HarnessContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The session file is in the agent's HOME, as large as the agent makes it: only its
+    first SESSION_MAX bytes are read, and the line they cut is skipped."""
+    import openforge_codex.harness as codex
+
+    _session_file(ctx, responses=2)
+    [path] = (ctx.home / ".codex" / "sessions").glob("**/*.jsonl")
+    whole = len(CodexHarness().read_session(ctx))
+    with open(path, "a") as f:
+        f.write(json.dumps({"type": "event_msg", "payload": {"pad": "x" * 5000}}) + "\n")
+    monkeypatch.setattr(codex, "SESSION_MAX", path.stat().st_size - 100)
+    assert len(CodexHarness().read_session(ctx)) == whole  # the cut line is left out
+    monkeypatch.setattr(codex, "SESSION_MAX", 1 << 20)
+    assert len(CodexHarness().read_session(ctx)) == whole + 1
+
+
 def test_parse_failed_run(ctx: HarnessContext) -> None:
     out = CodexHarness().parse_output(ctx, ProcessOutput(returncode=1, stdout=FAILED))
     assert out.status == "failed"

@@ -278,6 +278,31 @@ def test_checks_see_a_workspace_beside_the_agents_folder(tmp_path: Path, mode: s
 
 
 @pytest.mark.parametrize("mode", ISOLATING_MODES)
+def test_a_check_that_prints_without_end_is_read_bounded(tmp_path: Path, mode: str) -> None:
+    """The agent's code that a check runs decides how much it prints (up to its folder's
+    disk limit): the supervisor keeps the first and last 4 MiB of it and says how much it
+    left out, rather than hold gigabytes in memory (the OOM killer would end the
+    supervisor: an unscored infrastructure failure)."""
+    from openforge.sandbox import bounded, verifier
+
+    agent, work = tmp_path / "agent", tmp_path / "work"
+    for folder in (agent / "home", agent / "workspace", work):
+        folder.mkdir(parents=True)
+    view = build_view(agent, workspace=agent / "workspace")
+    env = {"PATH": os.environ["PATH"], "HOME": str(agent / "home")}
+    flood = ("import sys\nsys.stdout.write('FIRST')\n"
+             "for _ in range(12): sys.stdout.write('x' * (1 << 20))\nsys.stdout.write('LAST')")
+    with verifier.active(mode, view, agent, work, env):
+        ran = verifier.run([sys.executable, "-c", flood], cwd=agent / "workspace", timeout_s=60)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout_omitted == 5 + (12 << 20) + 4 - 2 * bounded.OUTPUT_KEEP
+    assert ran.stdout.startswith("FIRSTxxx") and ran.stdout.endswith("xxxLAST")
+    assert len(ran.stdout) < 2 * bounded.OUTPUT_KEEP + 200
+    assert f"[openforge: {ran.stdout_omitted:,} bytes of verifier-0.stdout not read" \
+        in ran.stdout
+
+
+@pytest.mark.parametrize("mode", ISOLATING_MODES)
 def test_a_hidden_folder_inside_a_mapped_one_is_empty_in_the_sandbox(
         tmp_path: Path, mode: str) -> None:
     """A plugin's answer keys ship inside its installed package, which the view maps with

@@ -506,6 +506,32 @@ def test_snapshot_commands_get_no_more_reach_than_the_agent(tmp_path: Path) -> N
 
 
 @needs_bwrap
+def test_what_the_snapshot_reads_of_the_agents_output_and_files_is_bounded(
+        tmp_path: Path) -> None:
+    """The agent decides how much its files print and how large they are: the trusted side
+    reads the first 1,000,000 bytes of a command's output and no file past 64 MiB, and says
+    so, instead of holding whatever the agent made in memory."""
+    from openforge_claw.claweval import snapshot
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    out = snapshot.run_command(ws, "head -c 3000000 /dev/zero | tr '\\0' x; echo; echo END",
+                               60, sys.executable)
+    assert out["exit_code"] == 0
+    assert out["stdout"].startswith("x" * 1000) and "END" not in out["stdout"]
+    assert out["stdout"].endswith(
+        "[openforge: 2,000,005 bytes of stdout not read: past what the trusted side reads]\n")
+    big = ws / "big.txt"
+    with open(big, "wb") as f:
+        f.truncate(snapshot._FILE_LIMIT + 1)  # sparse: no disk, all its bytes to read
+    assert snapshot.read_file(big, "/workspace/big.txt") == {
+        "error": f"File too large to read: /workspace/big.txt ({snapshot._FILE_LIMIT + 1:,} "
+                 f"bytes; at most {snapshot._FILE_LIMIT:,} are read)"}
+    (ws / "small.txt").write_text("fine")
+    assert snapshot.read_file(ws / "small.txt", "/workspace/small.txt")["content"] == "fine"
+
+
+@needs_bwrap
 def test_the_snapshot_does_not_follow_the_agents_symlinks(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()

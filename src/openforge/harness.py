@@ -66,11 +66,20 @@ class Command(BaseModel):
 
 
 class ProcessOutput(BaseModel):
+    """How a process ended and what it printed.
+
+    `stdout_omitted` counts the bytes of standard output left out of `stdout` (the middle
+    of an output longer than the trusted side reads: `openforge.sandbox.bounded`); where
+    it is not 0, `stdout` holds a line saying so, and a check that judges the output
+    should judge it incomplete.
+    """
+
     returncode: int | None
     stdout: str = ""
     stderr: str = ""
     timed_out: bool = False
     duration_s: float = 0.0
+    stdout_omitted: int = 0
 
 
 class HarnessOutput(BaseModel):

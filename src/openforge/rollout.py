@@ -82,7 +82,7 @@ from openforge.harness import (
     ProcessOutput,
 )
 from openforge.reward import Reward
-from openforge.sandbox import forgery, ports, tamper, verifier
+from openforge.sandbox import bounded, forgery, ports, tamper, verifier
 from openforge.sandbox.agent import AgentExit, run_agent
 from openforge.sandbox.leftovers import make_folder
 from openforge.sandbox.modes import ISOLATING, SandboxMode, SandboxUnavailable, resolve
@@ -126,14 +126,6 @@ def build_plugin(kind: str, name: str, options: dict[str, Any]) -> Any:
     if ":" in name:
         return resolve_name(name)(**options)
     return plugins.create(kind, name, **options)
-
-
-def _tail(path: Path, limit: int = 4000) -> str:
-    if not path.exists():
-        return ""
-    with open(path, "rb") as f:
-        f.seek(max(path.stat().st_size - limit, 0))
-        return f.read().decode(errors="replace")
 
 
 def _plugin_failure(blame: str, stage: str, exc: BaseException) -> _Stop:
@@ -344,8 +336,8 @@ class Supervisor:
         self.stage = "sealing the session"
         seal_session(spec)
         removed = scrub_agent(dirs["AGENT"], view)
-        proc = ProcessOutput(returncode=exit_.returncode, stdout=_tail(out_path, 200_000),
-                             stderr=_tail(err_path, max(20_000, AGENT_LOG_CHARS)),
+        proc = ProcessOutput(returncode=exit_.returncode, stdout=bounded.tail(out_path, 200_000),
+                             stderr=bounded.tail(err_path, max(20_000, AGENT_LOG_CHARS)),
                              timed_out=exit_.timed_out, duration_s=exit_.duration_s)
 
         output: HarnessOutput = self._call("harness", "parsing the harness output (parse_output)",

@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from openforge.sandbox import verifier
+from openforge.sandbox import bounded, verifier
 from openforge.types import Call, RewardResult
 
 from openforge_claw.tasks import Check, ClawTask
 
 _COMMAND_TIMEOUT_S = 30
+FILE_READ_MAX = 16 << 20  # bytes of one workspace file a grader reads
 
 
 @dataclass
@@ -50,8 +51,11 @@ class GradeContext:
         return str(self.final_state.get("final_answer") or "")
 
     def read(self, rel: str) -> str | None:
+        """The text of the agent's file `rel`; at most `FILE_READ_MAX` bytes of it, then a
+        line saying how many more it has (openforge.sandbox.bounded: the agent decides how
+        large it is, and a cut file matches no expected content)."""
         path = self.workspace / rel
-        return path.read_text(errors="replace") if path.is_file() else None
+        return bounded.read_text(path, FILE_READ_MAX) if path.is_file() else None
 
     def service(self, name: str) -> dict[str, Any]:
         return (self.final_state.get("services") or {}).get(name) or {"state": {}, "log": []}

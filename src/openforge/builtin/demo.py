@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from openforge.environment import Environment
-from openforge.sandbox import verifier
+from openforge.sandbox import bounded, verifier
 from openforge.types import RewardResult, Task
 
 ENV_NAME = "demo"
 _MAX_FILES = 100
 _MAX_CONTENT = 4096
+# Bytes of a workspace file a checker reads: every expected answer is far smaller, and a
+# larger file reads as its head and a line saying it was cut (never a match).
+_READ_LIMIT = 1 << 20
 
 Checker = Callable[[Path], tuple[float, dict[str, Any]]]
 
@@ -38,7 +41,7 @@ class DemoTask:
 
 def _read(ws: Path, name: str) -> str | None:
     path = ws / name
-    return path.read_text(errors="replace") if path.is_file() else None
+    return bounded.read_text(path, _READ_LIMIT) if path.is_file() else None
 
 
 def _exact(ws: Path, name: str, expected: str) -> tuple[float, dict[str, Any]]:
@@ -59,8 +62,8 @@ def _parts(**parts: bool) -> tuple[float, dict[str, Any]]:
 def _run_python(ws: Path, script: str) -> tuple[int, str]:
     # The agent wrote the script: in a rollout it runs in a fresh sandbox, never here.
     proc = verifier.run([sys.executable, script], cwd=ws, timeout_s=20)
-    if proc.timed_out or proc.returncode is None:
-        return -1, ""
+    if proc.timed_out or proc.returncode is None or proc.stdout_omitted:
+        return -1, ""  # an output too long to read whole is no expected one
     return proc.returncode, proc.stdout
 
 

@@ -28,9 +28,11 @@ from openforge.harness import (
     WireAPI,
 )
 from openforge.options import PluginOptions
+from openforge.sandbox import bounded
 
 TRANSCRIPT = "mini_transcript.json"
 TASK_FILE = "mini_task.txt"
+_TRANSCRIPT_MAX = 64 << 20  # bytes of the transcript read (mini's are kilobytes)
 
 
 class AgentProgramOptions(PluginOptions):
@@ -95,8 +97,10 @@ class AgentProgramHarness(Harness):
         transcript: Any = None
         path = ctx.home / self.transcript_file
         if path.exists():
+            # In the agent's HOME, so as large as the agent makes it: read no more than a
+            # transcript takes (a cut one does not parse, and is left out).
             try:
-                transcript = json.loads(path.read_text())
+                transcript = json.loads(bounded.read_text(path, _TRANSCRIPT_MAX))
             except ValueError:
                 transcript = None
         answer = self.final_answer(proc.stdout)

@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from openforge.environment import Environment
 from openforge.errors import OpenforgeError
 from openforge.options import PluginOptions, describe_errors
-from openforge.sandbox import verifier
+from openforge.sandbox import bounded, verifier
 from openforge.types import RewardResult, Task
 
 ENV_NAME = "tasks"
@@ -51,6 +51,9 @@ TASK_FILE_SUFFIXES = (".jsonl", ".yaml", ".yml", ".json")
 FOLDER_TASK = "task.yaml"
 FOLDER_WORKSPACE = "workspace"
 _OUTPUT_TAIL = 2000
+# Bytes of a checked file read past its expected content's size (whitespace the comparison
+# strips); a larger file is read cut, and does not match.
+_SLACK = 1 << 20
 
 
 class TaskSetError(OpenforgeError):
@@ -277,10 +280,12 @@ def check_files(check: Check, workspace: Path) -> RewardResult:
         path = _inside(workspace, rel)
         if not path.is_file():
             results[rel] = "missing"
-        elif path.read_text(errors="replace").strip() == expected.strip():
+        # Read no more than could match (a larger file is cut, with a line saying so).
+        elif (got := bounded.read_text(path, len(expected.encode()) + _SLACK)).strip() \
+                == expected.strip():
             results[rel] = "ok"
         else:
-            results[rel] = "different: " + path.read_text(errors="replace")[:200]
+            results[rel] = "different: " + got[:200]
     good = sum(1 for r in results.values() if r == "ok")
     score = good / len(results) if results else 1.0
     return RewardResult(score=score, passed=good == len(results),

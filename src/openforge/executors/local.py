@@ -68,7 +68,7 @@ from openforge.executors.process import (
 )
 from openforge.options import PluginOptions
 from openforge.rollout import agents_own_crash
-from openforge.sandbox import disk, forgery
+from openforge.sandbox import bounded, disk, forgery
 from openforge.sandbox.cgroups import CgroupError, Hits, RolloutCgroup, sweep, unavailable
 from openforge.sandbox.leftovers import KEPT, make_folder, sweep_folders
 from openforge.sandbox.modes import (
@@ -154,6 +154,9 @@ class LocalOptions(PluginOptions):
                              "credentials (the harness talks to the gateway only)")
         return names
 
+
+# Bytes kept of each end of a supervisor's stdout (its result line is its last).
+_SUPERVISOR_OUTPUT_KEEP = 16 << 20
 
 # Supervisors started by any local executor of this process: never swept as orphans.
 _SUPERVISORS: set[int] = set()
@@ -457,7 +460,9 @@ class LocalExecutor(Executor):
         if timed_out:
             return RolloutResult(**base, status="timeout",
                                  error=f"rollout killed after the hard timeout of {spec.timeout_s:g}s")
-        stdout = stdout_path.read_text(errors="replace") if stdout_path.exists() else ""
+        # Without isolation the agent can write into the supervisor's stdout (/proc): read
+        # bounded; the supervisor's own line, the last, is in the tail.
+        stdout, _ = bounded.head_and_tail(stdout_path, _SUPERVISOR_OUTPUT_KEEP)
         why = ""
         if returncode == 0:
             try:
@@ -474,8 +479,7 @@ class LocalExecutor(Executor):
             why = f"killed by signal {signal.Signals(-returncode).name}"
         else:
             why = f"exit code {returncode}"
-        stderr = stderr_path.read_text(errors="replace") if stderr_path.exists() else ""
-        tail = stderr.strip()[-1500:]
+        tail = bounded.tail(stderr_path, 64 << 10).strip()[-1500:]
         return RolloutResult(**base, status="infra_error",
                              error=f"rollout supervisor died: {why}" + (f": {tail}" if tail else ""))
 

@@ -40,6 +40,7 @@ from openforge.executors.process import (
     pid_namespace,
 )
 from openforge.harness import Command
+from openforge.sandbox import bounded
 from openforge.sandbox.bwrap import bwrap_argv
 from openforge.sandbox.cgroups import joiner
 from openforge.sandbox.modes import SandboxMode, bwrap_path
@@ -221,8 +222,7 @@ def _run_isolated(mode: SandboxMode, command: Command, *, env: dict[str, str], v
             namespace = None
         if info.get("error") or child is None:
             _kill(proc, child, namespace)  # PID 1 dies with its parent anyway
-            tail = stderr.read_bytes()[-1500:].decode(errors="replace").strip() \
-                if stderr.exists() else ""
+            tail = bounded.tail(stderr, 1500).strip()
             why = info.get("error") or f"{mode} did not start the sandbox" + \
                 (f": {tail}" if tail else "")
             return AgentExit(None, False, time.monotonic() - started, setup_error=str(why))

@@ -29,6 +29,8 @@ from openforge.types import RewardResult, RolloutResult
 FORGED = "forged result line"
 # Characters of each forged line kept in the result (the details and the error).
 _SHOWN = 300
+# Bytes of a line read at most when looking for result lines in the agent's output.
+_LINE_MAX = 64 << 10
 
 
 def result_lines(text: str) -> list[str]:
@@ -37,12 +39,20 @@ def result_lines(text: str) -> list[str]:
 
 
 def in_files(paths: Iterable[Path]) -> list[tuple[str, list[str]]]:
-    """(file name, its result lines) for each of `paths` that has any, read line by line."""
+    """(file name, its result lines) for each of `paths` that has any, read line by line,
+    each at most `_LINE_MAX` bytes of it (the agent writes these files: a line of gigabytes
+    must not be read whole)."""
+    prefix = RESULT_PREFIX.encode()
     found = []
     for path in paths:
+        lines = []
         try:
-            with open(path, errors="replace") as f:
-                lines = [line.rstrip("\n") for line in f if line.startswith(RESULT_PREFIX)]
+            with open(path, "rb") as f:
+                at_start = True  # of a line: the rest of a long line is no line of its own
+                while chunk := f.readline(_LINE_MAX):
+                    if at_start and chunk.startswith(prefix):
+                        lines.append(chunk.decode(errors="replace").rstrip("\n"))
+                    at_start = chunk.endswith(b"\n")
         except OSError:
             continue
         if lines:

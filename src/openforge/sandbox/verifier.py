@@ -8,10 +8,12 @@ instead of `subprocess.run`: inside a rollout supervisor it runs the command in 
 sandbox of the attempt's mode (the same allowlisted view, no session token, its own PID
 namespace ended with it), then removes what it left that the trusted side must not follow
 (`scrub`), like after the agent. The supervisor also sealed the session before scoring, so
-nothing run here can add a model call to the trajectory.
+nothing run here can add a model call to the trajectory. What it printed is read bounded
+(`bounded.head_and_tail`: the first and last 4 MiB of its stdout, the last 20,000 bytes of
+its stderr), however much the agent's code printed.
 
 Outside a supervisor (a test calling a checker directly, no agent involved) it is a plain
-`subprocess.run` with the same arguments.
+`subprocess.run` with the same arguments, its output read back the same way.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from openforge.harness import Command, ProcessOutput
+from openforge.sandbox import bounded
 from openforge.sandbox.modes import SandboxMode
 from openforge.sandbox.relay import Relay
 from openforge.sandbox.view import View
@@ -70,15 +74,19 @@ def run(argv: Sequence[str], cwd: Path | str, timeout_s: float = 60.0,
     started = time.monotonic()
     sandbox = _current
     if sandbox is None:
-        try:
-            proc = subprocess.run(list(argv), cwd=cwd, input=stdin, capture_output=True,
-                                  text=True, timeout=timeout_s, errors="replace",
-                                  stdin=None if stdin is not None else subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return ProcessOutput(returncode=None, timed_out=True,
-                                 duration_s=time.monotonic() - started)
-        return ProcessOutput(returncode=proc.returncode, stdout=proc.stdout, stderr=proc.stderr,
-                             duration_s=time.monotonic() - started)
+        # Into files, read back as in a sandbox: a check reads the same either way.
+        with tempfile.TemporaryDirectory(prefix="openforge-check-") as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            with open(out, "wb") as out_file, open(err, "wb") as err_file:
+                try:
+                    proc = subprocess.run(
+                        list(argv), cwd=cwd, input=None if stdin is None else stdin.encode(),
+                        stdout=out_file, stderr=err_file, timeout=timeout_s,
+                        stdin=None if stdin is not None else subprocess.DEVNULL)
+                except subprocess.TimeoutExpired:
+                    return ProcessOutput(returncode=None, timed_out=True,
+                                         duration_s=time.monotonic() - started)
+            return _read_output(proc.returncode, out, err, False, started)
     from openforge.executors.process import own_descendants
     from openforge.sandbox.agent import run_agent
     from openforge.sandbox.scrub import scrub_agent
@@ -95,7 +103,12 @@ def run(argv: Sequence[str], cwd: Path | str, timeout_s: float = 60.0,
     if exit_.setup_error:
         return ProcessOutput(returncode=127, stderr=exit_.setup_error,
                              duration_s=time.monotonic() - started)
-    return ProcessOutput(returncode=exit_.returncode,
-                         stdout=out.read_bytes().decode(errors="replace"),
-                         stderr=err.read_bytes().decode(errors="replace")[-20_000:],
-                         timed_out=exit_.timed_out, duration_s=time.monotonic() - started)
+    return _read_output(exit_.returncode, out, err, exit_.timed_out, started)
+
+
+def _read_output(returncode: int | None, out: Path, err: Path, timed_out: bool,
+                 started: float) -> ProcessOutput:
+    stdout, omitted = bounded.head_and_tail(out)
+    return ProcessOutput(returncode=returncode, stdout=stdout, stdout_omitted=omitted,
+                         stderr=bounded.tail(err, 20_000), timed_out=timed_out,
+                         duration_s=time.monotonic() - started)

@@ -25,9 +25,11 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from openforge.sandbox import bounded
 from openforge.sandbox.scrub import fresh_path
 
 from openforge_claw import check_sandbox
@@ -43,6 +45,7 @@ _TEXT_EXTENSIONS = {".txt", ".md", ".csv", ".json", ".yaml", ".yml", ".xml", ".h
 _IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tiff", ".tif"}
 _MAX_GLOB = 50
 _OUTPUT_LIMIT = 1_000_000
+_FILE_LIMIT = 64 << 20  # bytes of one file read for the grader
 
 
 class SnapshotError(RuntimeError):
@@ -68,20 +71,30 @@ def run_command(workspace: Path, command: str, timeout_s: float, python: str) ->
     """One snapshot command, as Claw-Eval's sandbox `/exec` answers it."""
     nested = check_sandbox.usable_bwrap(with_proc=True) is None
     argv = container_argv(workspace, command, python, nested)
-    try:
-        proc = subprocess.run(argv, capture_output=True, timeout=timeout_s,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return {"exit_code": -1, "stdout": "", "stderr": f"Timed out after {timeout_s:g}s"}
-    return {"exit_code": proc.returncode,
-            "stdout": proc.stdout.decode(errors="replace")[:_OUTPUT_LIMIT],
-            "stderr": proc.stderr.decode(errors="replace")[:_OUTPUT_LIMIT]}
+    # Into files, of which the first _OUTPUT_LIMIT bytes are read: the command runs the
+    # agent's files, which print as much as the agent made them print.
+    with tempfile.TemporaryDirectory(prefix="openforge-snapshot-") as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        with open(out, "wb") as out_file, open(err, "wb") as err_file:
+            try:
+                proc = subprocess.run(argv, stdout=out_file, stderr=err_file, timeout=timeout_s,
+                                      stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                return {"exit_code": -1, "stdout": "",
+                        "stderr": f"Timed out after {timeout_s:g}s"}
+        return {"exit_code": proc.returncode,
+                "stdout": bounded.read_text(out, _OUTPUT_LIMIT),
+                "stderr": bounded.read_text(err, _OUTPUT_LIMIT)}
 
 
 def read_file(path: Path, shown: str) -> dict[str, Any]:
     """A file as Claw-Eval's sandbox `/read` gives it (images as one base64 frame)."""
     if not path.is_file():
         return {"error": f"File not found: {shown}"}
+    size = path.stat().st_size
+    if size > _FILE_LIMIT:  # the agent's file, as large as it made it: not read into memory
+        return {"error": f"File too large to read: {shown} ({size:,} bytes; at most "
+                         f"{_FILE_LIMIT:,} are read)"}
     ext = path.suffix.lower()
     mime, _ = mimetypes.guess_type(path.name)
     if ext in _IMAGE_EXTENSIONS:

@@ -44,6 +44,7 @@ from openforge.harness import (
 )
 from openforge.npm import NpmHarness, NpmPackage
 from openforge.options import PluginOptions
+from openforge.sandbox import bounded
 from openforge_codex.events import parse_events
 
 CODEX_PACKAGE = "@openai/codex"
@@ -52,6 +53,7 @@ BIN_ENV = "OPENFORGE_CODEX_BIN"
 KEY_ENV = "OPENFORGE_SESSION_TOKEN"  # the provider's env_key: Codex reads the key from it
 PROVIDER = "openforge"
 LAST_MESSAGE = "codex-last-message.txt"
+SESSION_MAX = 64 << 20  # bytes of Codex's session file (and last message) read
 MCP_STARTUP_TIMEOUT_S = 60  # a Python MCP server starts in ~1 s, more on a loaded machine
 
 Sandbox = Literal["none", "read-only", "workspace-write", "danger-full-access"]
@@ -166,7 +168,9 @@ class CodexHarness(NpmHarness):
         if path is None:
             return []
         items = []
-        for line in path.read_text(errors="replace").splitlines():
+        # In the agent's HOME: as large as the agent makes it, so read bounded (a cut line
+        # does not parse, and is skipped).
+        for line in bounded.read_text(path, SESSION_MAX).splitlines():
             try:
                 item = json.loads(line)
             except ValueError:
@@ -189,7 +193,7 @@ class CodexHarness(NpmHarness):
         last = ctx.home / LAST_MESSAGE
         final = run.final_message
         if final is None and last.is_file():
-            final = last.read_text(errors="replace").strip() or None
+            final = bounded.read_text(last, SESSION_MAX).strip() or None
         transcript = {"events": run.events, "session": session, "commands": run.commands,
                       "usage": run.usage, "model_requests": self.count_requests(session)}
         if proc.timed_out:
