@@ -198,7 +198,8 @@ class LocalExecutor(Executor):
         return self._applicable(
             {"max_processes": self.options.max_processes, "memory_max": self.options.memory_max,
              "cpu_max": self.options.cpu_max},
-            lambda names: unavailable([controllers[name] for name in names]),
+            lambda names: unavailable([controllers[name] for name in names],
+                                      cpu_max=self.options.cpu_max),
             ". Run as root, or in a cgroup delegated to this user, or set {name} to null to run "
             "without the limit")
 

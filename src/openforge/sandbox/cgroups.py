@@ -109,15 +109,18 @@ def hierarchies() -> dict[str, Hierarchy]:
     return found
 
 
-def unavailable(limits: Iterable[str]) -> str | None:
-    """Why a rollout cgroup with these limits ("processes", "memory", "cpu") cannot be made
-    here, or None when it can (one is made, limited and removed to find out)."""
+def unavailable(limits: Iterable[str], cpu_max: float | None = None) -> str | None:
+    """Why a rollout cgroup with these limits ("processes", "memory", "cpu": a `cpu` cgroup,
+    with the quota `cpu_max` when given) cannot be made here, or None when it can (one is
+    made, limited and removed to find out: a quota past the runner's own cgroup's is
+    refused by the kernel)."""
     asked = set(limits)
     try:
         RolloutCgroup.create("probe",
                              max_processes=1 << 20 if "processes" in asked else None,
                              memory_max=1 << 40 if "memory" in asked else None,
-                             cpu_max=1.0 if "cpu" in asked else None).close()
+                             cpu_max=cpu_max if "cpu" in asked else None,
+                             cpu_share="cpu" in asked).close()
     except CgroupError as exc:
         return str(exc)
     return None
