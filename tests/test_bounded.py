@@ -57,3 +57,13 @@ def test_result_lines_in_the_agents_output_are_read_at_most_64_kib_each(tmp_path
     assert name == "harness.stdout"
     assert [len(line) for line in lines] == [64 << 10, len(RESULT_PREFIX) + len("another")]
     assert lines[0].startswith(RESULT_PREFIX + "xxx") and lines[1] == RESULT_PREFIX + "another"
+
+
+def test_of_a_million_forged_lines_the_first_thousand_are_kept(tmp_path: Path) -> None:
+    from openforge.sandbox import forgery
+    from openforge.sandbox.protocol import RESULT_PREFIX
+
+    path = tmp_path / "harness.stderr"
+    path.write_bytes((RESULT_PREFIX + "x\n").encode() * 1_000_000)
+    [(_, lines)] = forgery.in_files([path])
+    assert len(lines) == 1000 and set(lines) == {RESULT_PREFIX + "x"}

@@ -29,8 +29,10 @@ from openforge.types import RewardResult, RolloutResult
 FORGED = "forged result line"
 # Characters of each forged line kept in the result (the details and the error).
 _SHOWN = 300
-# Bytes of a line read at most when looking for result lines in the agent's output.
+# Bytes of a line read at most when looking for result lines in the agent's output, and
+# the result lines kept of a file (a forgery is found with the first).
 _LINE_MAX = 64 << 10
+_LINES_KEPT = 1000
 
 
 def result_lines(text: str) -> list[str]:
@@ -40,16 +42,16 @@ def result_lines(text: str) -> list[str]:
 
 def in_files(paths: Iterable[Path]) -> list[tuple[str, list[str]]]:
     """(file name, its result lines) for each of `paths` that has any, read line by line,
-    each at most `_LINE_MAX` bytes of it (the agent writes these files: a line of gigabytes
-    must not be read whole)."""
+    each at most `_LINE_MAX` bytes of it, the first `_LINES_KEPT` of them (the agent writes
+    these files: neither a line of gigabytes nor millions of lines are held in memory)."""
     prefix = RESULT_PREFIX.encode()
     found = []
     for path in paths:
-        lines = []
+        lines: list[str] = []
         try:
             with open(path, "rb") as f:
                 at_start = True  # of a line: the rest of a long line is no line of its own
-                while chunk := f.readline(_LINE_MAX):
+                while len(lines) < _LINES_KEPT and (chunk := f.readline(_LINE_MAX)):
                     if at_start and chunk.startswith(prefix):
                         lines.append(chunk.decode(errors="replace").rstrip("\n"))
                     at_start = chunk.endswith(b"\n")
