@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 from sandbox_modes import ALL_MODES, ISOLATING_MODES
 
 from openforge.executors.local import LocalExecutor, LocalExecutorError, LocalOptions
-from openforge.executors.process import wait_gone
+from openforge.executors.process import reap_children, wait_gone
 from openforge.options import OptionsError
 from openforge.sandbox.protocol import new_result_key, result_line, scrub_env
 from openforge.types import RewardResult, RolloutResult, RolloutSpec, Task
@@ -148,6 +150,41 @@ async def test_a_supervisor_that_dies_without_a_result(tmp_path: Path) -> None:
     result = await executor.run(make_spec("OkHarness"))
     assert result.status == "infra_error"
     assert (result.error or "").startswith("rollout supervisor died: exit code 1")
+
+
+def _zombie(proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    """`proc` once it has exited and is not yet waited for."""
+    while psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.01)
+    return proc
+
+
+async def test_a_dead_supervisors_cleanup_leaves_the_runners_own_children_alone(
+        tmp_path: Path) -> None:
+    # The runner's own commands (the disk watch's du, a plugin's) are waited for elsewhere:
+    # reaping one steals its exit status (subprocess then reports 0 for a failed command),
+    # ending one fails it. Only a dead supervisor's orphans are the cleanup's.
+    failed = _zombie(subprocess.Popen(["sh", "-c", "exit 3"]))
+    running = subprocess.Popen(["sleep", "30"])
+    try:
+        executor = LocalExecutor(sandbox="none", base_dir=tmp_path, python="/bin/false")
+        result = await executor.run(make_spec("OkHarness"))
+        assert result.status == "infra_error"  # its supervisor died: the cleanup ran
+        assert failed.wait() == 3
+        assert running.poll() is None
+    finally:
+        running.kill()
+        running.wait()
+
+
+def test_reaping_takes_adopted_zombies_and_leaves_this_processs_own() -> None:
+    own = _zombie(subprocess.Popen(["sh", "-c", "exit 3"]))
+    # Standing in for an adopted orphan: a child in a session of its own, as an agent's is.
+    other = _zombie(subprocess.Popen(["sh", "-c", "exit 4"], start_new_session=True))
+    reap_children()
+    assert own.wait() == 3
+    with pytest.raises(ChildProcessError):
+        os.waitpid(other.pid, os.WNOHANG)
 
 
 def _collect(executor: LocalExecutor, tmp_path: Path, stdout: str, key: bytes,

@@ -65,6 +65,7 @@ from openforge.executors.process import (
     die_with_parent,
     kill_tree,
     make_undumpable,
+    started_here,
 )
 from openforge.options import PluginOptions
 from openforge.rollout import agents_own_crash
@@ -543,11 +544,12 @@ async def _exited(proc: subprocess.Popen[bytes]) -> None:
 
 def adopted_since(since: float) -> list[psutil.Process]:
     """Children this process adopted since `since` (a dead supervisor's orphans), other than
-    supervisors; children that already died are reaped on the way."""
+    supervisors and the children it started for itself (`started_here`: a `du` of the disk
+    watch, a plugin's command); children that already died are reaped on the way."""
     found = []
     for child in psutil.Process().children():
         try:
-            if child.pid in _SUPERVISORS:
+            if child.pid in _SUPERVISORS or started_here(child.pid):
                 continue
             if child.status() == psutil.STATUS_ZOMBIE:
                 os.waitpid(child.pid, os.WNOHANG)

@@ -205,11 +205,27 @@ def untrusted_descendants(trusted: set[Identity]) -> list[psutil.Process]:
     return found
 
 
+def started_here(pid: int) -> bool:
+    """Whether child `pid` was started by this process for itself rather than adopted as a
+    subreaper: it is then in our session.
+
+    An agent runs in a session of its own (its harness starts one) and cannot join ours
+    (`setsid` only makes new sessions), so this tells them apart whatever it forges. It
+    matters because a child of ours is waited for elsewhere (asyncio's child watcher, a
+    thread's `Popen.wait`): reaping it here would steal its exit status, and `subprocess`
+    then reports a failed command as exit status 0."""
+    try:
+        return os.getsid(pid) == os.getsid(0)
+    except OSError:  # already reaped
+        return False
+
+
 def reap_children() -> None:
-    """Collect exit statuses of adopted children that died (zombies of this process)."""
+    """Collect exit statuses of adopted children that died (zombies of this process); the
+    children this process started itself are left to whoever waits for them."""
     for proc in psutil.Process().children():
         try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
+            if proc.status() == psutil.STATUS_ZOMBIE and not started_here(proc.pid):
                 os.waitpid(proc.pid, os.WNOHANG)
         except (psutil.Error, ChildProcessError, OSError):
             continue
