@@ -67,3 +67,18 @@ def test_of_a_million_forged_lines_the_first_thousand_are_kept(tmp_path: Path) -
     path.write_bytes((RESULT_PREFIX + "x\n").encode() * 1_000_000)
     [(_, lines)] = forgery.in_files([path])
     assert len(lines) == 1000 and set(lines) == {RESULT_PREFIX + "x"}
+
+
+def test_a_command_runs_into_files_that_go_with_the_block(tmp_path: Path) -> None:
+    with bounded.run_to_files(["sh", "-c", "cat; echo oops >&2; pwd; exit 3"], timeout_s=30,
+                              cwd=tmp_path, stdin="fed\n") as ran:
+        assert ran.returncode == 3
+        assert ran.stdout.read_text() == f"fed\n{tmp_path}\n"
+        assert ran.stderr.read_text() == "oops\n"
+        folder = ran.stdout.parent
+    assert not folder.exists()
+
+
+def test_a_command_past_its_time_has_no_exit_status() -> None:
+    with bounded.run_to_files(["sleep", "30"], timeout_s=0.2) as ran:
+        assert ran.returncode is None

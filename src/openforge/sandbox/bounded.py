@@ -12,11 +12,45 @@ left out, so that nothing it judges can look complete when it was not.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import subprocess
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 # What a check's run keeps of its standard output: its head and its tail, this much each.
 # A result line a grader prints last is in the tail; what a check compares is in the head.
 OUTPUT_KEEP = 4 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Captured:
+    """A command's end (`returncode` None when it ran past its time) and the files its
+    standard output and error went to, for the caller to read bounded."""
+
+    returncode: int | None
+    stdout: Path
+    stderr: Path
+
+
+@contextlib.contextmanager
+def run_to_files(argv: Sequence[str], *, timeout_s: float, cwd: Path | str | None = None,
+                 stdin: str | None = None) -> Iterator[Captured]:
+    """Run `argv` with its output going into files of a temporary folder, which is removed
+    when the block ends: output that the agent's code controls never passes through this
+    process's memory whole (a pipe would gather all of it)."""
+    with tempfile.TemporaryDirectory(prefix="openforge-output-") as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        with open(out, "wb") as out_file, open(err, "wb") as err_file:
+            try:
+                returncode: int | None = subprocess.run(
+                    list(argv), cwd=cwd, input=None if stdin is None else stdin.encode(),
+                    stdin=subprocess.DEVNULL if stdin is None else None,
+                    stdout=out_file, stderr=err_file, timeout=timeout_s).returncode
+            except subprocess.TimeoutExpired:
+                returncode = None
+        yield Captured(returncode, out, err)
 
 
 def omitted_note(n: int, where: str) -> str:

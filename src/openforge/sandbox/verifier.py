@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -75,18 +73,11 @@ def run(argv: Sequence[str], cwd: Path | str, timeout_s: float = 60.0,
     sandbox = _current
     if sandbox is None:
         # Into files, read back as in a sandbox: a check reads the same either way.
-        with tempfile.TemporaryDirectory(prefix="openforge-check-") as tmp:
-            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-            with open(out, "wb") as out_file, open(err, "wb") as err_file:
-                try:
-                    proc = subprocess.run(
-                        list(argv), cwd=cwd, input=None if stdin is None else stdin.encode(),
-                        stdout=out_file, stderr=err_file, timeout=timeout_s,
-                        stdin=None if stdin is not None else subprocess.DEVNULL)
-                except subprocess.TimeoutExpired:
-                    return ProcessOutput(returncode=None, timed_out=True,
-                                         duration_s=time.monotonic() - started)
-            return _read_output(proc.returncode, out, err, False, started)
+        with bounded.run_to_files(argv, timeout_s=timeout_s, cwd=cwd, stdin=stdin) as ran:
+            if ran.returncode is None:
+                return ProcessOutput(returncode=None, timed_out=True,
+                                     duration_s=time.monotonic() - started)
+            return _read_output(ran.returncode, ran.stdout, ran.stderr, False, started)
     from openforge.executors.process import own_descendants
     from openforge.sandbox.agent import run_agent
     from openforge.sandbox.scrub import scrub_agent

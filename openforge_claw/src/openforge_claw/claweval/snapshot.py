@@ -23,9 +23,7 @@ import glob
 import mimetypes
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -73,18 +71,12 @@ def run_command(workspace: Path, command: str, timeout_s: float, python: str) ->
     argv = container_argv(workspace, command, python, nested)
     # Into files, of which the first _OUTPUT_LIMIT bytes are read: the command runs the
     # agent's files, which print as much as the agent made them print.
-    with tempfile.TemporaryDirectory(prefix="openforge-snapshot-") as tmp:
-        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-        with open(out, "wb") as out_file, open(err, "wb") as err_file:
-            try:
-                proc = subprocess.run(argv, stdout=out_file, stderr=err_file, timeout=timeout_s,
-                                      stdin=subprocess.DEVNULL)
-            except subprocess.TimeoutExpired:
-                return {"exit_code": -1, "stdout": "",
-                        "stderr": f"Timed out after {timeout_s:g}s"}
-        return {"exit_code": proc.returncode,
-                "stdout": bounded.read_text(out, _OUTPUT_LIMIT),
-                "stderr": bounded.read_text(err, _OUTPUT_LIMIT)}
+    with bounded.run_to_files(argv, timeout_s=timeout_s) as ran:
+        if ran.returncode is None:
+            return {"exit_code": -1, "stdout": "", "stderr": f"Timed out after {timeout_s:g}s"}
+        return {"exit_code": ran.returncode,
+                "stdout": bounded.read_text(ran.stdout, _OUTPUT_LIMIT),
+                "stderr": bounded.read_text(ran.stderr, _OUTPUT_LIMIT)}
 
 
 def read_file(path: Path, shown: str) -> dict[str, Any]:
