@@ -131,7 +131,7 @@ def bench(session: nox.Session) -> None:
     install_openforge(session)
     args = session.posargs or []
     for script in ("bench_gateway.py", "bench_gateway_phases.py", "bench_export.py",
-                   "bench_executor.py", "bench_kubernetes.py"):
+                   "bench_executor.py", "bench_agent_program.py", "bench_kubernetes.py"):
         session.run("python", f"benchmarks/{script}", *args)
     # The side-by-side comparison against a checkout (here this one: a smoke run).
     session.run("python", "benchmarks/bench_gateway_ab.py", ".", "--rounds", "1",

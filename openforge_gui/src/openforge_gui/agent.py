@@ -6,7 +6,7 @@
 
 The computer API is found in `W/.openforge/computer.json`; the key for the model endpoint
 comes from `OPENAI_API_KEY` (the session token), the endpoint from `--base-url` or
-`OPENAI_BASE_URL`. Each step is one chat request on the official `openai` SDK:
+`OPENAI_BASE_URL`. Each step is one chat request (`openforge.builtin.chat_endpoint`):
 
     system   the action space
     user     the task                      \\  earlier steps, text only: what the model
@@ -39,7 +39,8 @@ import json
 import sys
 from typing import Any
 
-from openforge.builtin.mini_agent import agent_arguments, openai_client
+from openforge.builtin.chat_endpoint import EndpointDown, EndpointError, function_calls
+from openforge.builtin.mini_agent import agent_arguments, endpoint
 from openforge_gui.actions import ACTION_TOOLS, ActionParseError, format_action, parse_action
 from openforge_gui.computer import ComputerAPIError, ComputerClient, Observation
 
@@ -92,9 +93,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    import openai  # for its error types; imported late so `--help` stays instant
-
-    client = openai_client(args.base_url)
+    client = endpoint(args.base_url)
     task = args.task_file.read_text()
     steps: list[dict[str, Any]] = []
     transcript: dict[str, Any] = {"task": task, "history_window": args.history, "steps": steps,
@@ -135,23 +134,24 @@ def main(argv: list[str] | None = None) -> int:
             "request_images": [sha256_b64(o.screenshot) for o in screens[-max(args.history, 1):]]}
         steps.append(record)
         try:
-            response = client.chat.completions.create(
-                model=args.model, messages=messages, max_tokens=args.max_tokens,  # type: ignore[arg-type]
-                **extra)
-        except (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError) as exc:
+            response = client.create(model=args.model, messages=messages,
+                                     max_tokens=args.max_tokens, **extra)
+        except EndpointDown as exc:
             return finish("endpoint_error", EXIT_DOWN, f"the model endpoint failed: {exc}")
-        except openai.APIError as exc:
+        except EndpointError as exc:
             return finish("error", EXIT_AGENT_ERROR, f"the model endpoint returned an error: {exc}")
-        msg = response.choices[0].message
-        calls = [c for c in (msg.tool_calls or []) if getattr(c, "function", None)]
-        output = msg.content or ""
+        try:
+            msg = response["choices"][0]["message"]
+            output = msg.get("content") or ""
+        except (KeyError, IndexError, TypeError, AttributeError):
+            return finish("error", EXIT_AGENT_ERROR, "the model endpoint answered something "
+                          f"other than a chat completion: {json.dumps(response)[:200]}")
+        calls = function_calls(msg)
         record["model_output"] = output
         entry: dict[str, Any] = {"role": "assistant", "content": output}
         if calls:
-            record["tool_calls"] = [{"name": c.function.name, "arguments": c.function.arguments}
-                                    for c in calls]
-            entry["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-                "name": c.function.name, "arguments": c.function.arguments}} for c in calls]
+            record["tool_calls"] = [dict(call["function"]) for call in calls]
+            entry["tool_calls"] = calls
         history.append(entry)
         try:
             action = parse_action(record["tool_calls"][0] if calls else output)

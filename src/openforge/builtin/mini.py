@@ -119,4 +119,4 @@ class AgentProgramHarness(Harness):
 
 
 class MiniHarness(AgentProgramHarness):
-    """A small ReAct-style agent on the official openai SDK, with shell and write_file tools."""
+    """A small ReAct-style agent over OpenAI chat completions, with shell and write_file tools."""

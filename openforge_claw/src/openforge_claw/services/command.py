@@ -64,16 +64,20 @@ class CommandService:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True, preexec_fn=die_with_parent())
         deadline = time.monotonic() + _READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"service {self.name!r} exited with code "
-                                   f"{self.proc.returncode} before it was ready: {self.command}")
-            try:
-                if httpx.get(self.url + self.health_check, timeout=1.0).status_code < 500:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        # One client for every poll, and no certificates for a plain-HTTP local service: a
+        # new default client each time cost 0.03-0.14 s of CPU per poll.
+        with _local_client(timeout_s=1.0) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"service {self.name!r} exited with code "
+                                       f"{self.proc.returncode} before it was ready: "
+                                       f"{self.command}")
+                try:
+                    if client.get(self.url + self.health_check).status_code < 500:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
         self.stop()
         raise RuntimeError(f"service {self.name!r} was not ready on port {self.port} "
                            f"within {_READY_TIMEOUT_S:g}s: {self.command}")
@@ -88,7 +92,14 @@ class CommandService:
         state: Any = None
         if self.state_path and self.proc is not None:
             try:
-                state = httpx.get(self.url + self.state_path, timeout=5.0).json()
+                with _local_client(timeout_s=5.0) as client:
+                    state = client.get(self.url + self.state_path).json()
             except (httpx.HTTPError, ValueError):
                 state = None
         return {"url": self.url, "state": state, "log": []}
+
+
+def _local_client(timeout_s: float) -> httpx.Client:
+    """A client for a service on this machine's loopback: plain HTTP (no certificates to
+    load) and no proxy from the environment in the way."""
+    return httpx.Client(trust_env=False, verify=False, timeout=timeout_s)
