@@ -24,7 +24,9 @@ TORCH = "torch==2.13.0"
 # pytest-xdist workers for the suites: one more than the cores, because most tests wait on
 # servers, subprocesses and the harness programs rather than compute (on 2 cores `-n 3`
 # ran the default suite in 5.3 min, serially ~23). `nox -s tests -- -n 0` runs serially.
-PYTEST_WORKERS = ("-n", str((os.cpu_count() or 1) + 1))
+# `worksteal`: a worker that runs out of tests takes some of another's queue, so the run
+# does not end on one worker's tail of long tests.
+PYTEST_WORKERS = ("-n", str((os.cpu_count() or 1) + 1), "--dist", "worksteal")
 
 # What `nox --no-venv` has installed in this nox run (one process runs every session).
 _installed: set[tuple[str, ...]] = set()
@@ -42,10 +44,11 @@ def install(session: nox.Session, *requirements: str) -> None:
 
 def pytest(session: nox.Session, *args: str, workers: bool = True,
            env: dict[str, str] | None = None) -> None:
-    """pytest, quiet, with skip reasons, on PYTEST_WORKERS unless `workers=False` (a file or
-    two of long single tests); the session's extra arguments come last, so `-- -n 0` wins."""
-    session.run("python", "-m", "pytest", "-q", "-rs", *(PYTEST_WORKERS if workers else ()),
-                *args, *session.posargs, env=env)
+    """pytest, quiet, with skip reasons and the slowest tests' times (what to look at when
+    CI grows), on PYTEST_WORKERS unless `workers=False` (a file or two of long single
+    tests); the session's extra arguments come last, so `-- -n 0` wins."""
+    session.run("python", "-m", "pytest", "-q", "-rs", "--durations=10",
+                *(PYTEST_WORKERS if workers else ()), *args, *session.posargs, env=env)
 
 
 def install_openforge(session: nox.Session, extras: str = "test,kubernetes") -> None:

@@ -211,8 +211,8 @@ ENDINGS = [
     # Every process it may signal: the harness and, under the image's init, the launcher.
     pytest.param("kill -9 -1", "harness_error", id="kill-all"),
     # The container's first process (forwarded by the image's init to the launcher, which
-    # then ends the harness).
-    pytest.param("kill -TERM 1", "harness_error", id="term-pid-1"),
+    # then ends the harness; the agent waits for that, or its next call may finish first).
+    pytest.param("kill -TERM 1; sleep 60", "harness_error", id="term-pid-1"),
     # The harness's parent, the launcher: ignored, as the container's first process.
     pytest.param("kill -9 $(cut -d' ' -f4 /proc/$PPID/stat)", "ok", id="kill-launcher"),
     pytest.param("kill -STOP $(cut -d' ' -f4 /proc/$PPID/stat)", "ok", id="stop-launcher"),
