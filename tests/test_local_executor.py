@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ import pytest
 from sandbox_modes import ALL_MODES, ISOLATING_MODES
 
 from openforge.executors.local import LocalExecutor, LocalExecutorError, LocalOptions
-from openforge.executors.process import reap_children, wait_gone
+from openforge.executors.process import end_and_reap, exited, reap_children, wait_gone
 from openforge.options import OptionsError
 from openforge.sandbox.protocol import new_result_key, result_line, scrub_env
 from openforge.types import RewardResult, RolloutResult, RolloutSpec, Task
@@ -185,6 +186,50 @@ def test_reaping_takes_adopted_zombies_and_leaves_this_processs_own() -> None:
     assert own.wait() == 3
     with pytest.raises(ChildProcessError):
         os.waitpid(other.pid, os.WNOHANG)
+
+
+def test_ending_a_tree_leaves_its_leaders_exit_status_to_its_owner() -> None:
+    # kill_tree once reaped the leader itself: Popen then read exit status 0 whatever the
+    # process had returned, and a killed supervisor looked like one that had succeeded.
+    exited = _zombie(subprocess.Popen(["sh", "-c", "exit 3"], start_new_session=True))
+    running = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    assert end_and_reap(exited, grace_s=1.0) == 3
+    assert end_and_reap(running, grace_s=1.0) == -signal.SIGTERM
+
+
+def test_a_reaped_process_is_never_killed_by_the_pid_it_had() -> None:
+    # A reaped process's pid (and its group's) can go to a new process at once: on a
+    # busy runner, another rollout's supervisor. The kernel's next pid is set to hand
+    # the new process the old one's pid, as chance does on a busy machine.
+    gone = subprocess.Popen(["true"], start_new_session=True)
+    gone.wait()
+    taker = None
+    for _ in range(20):
+        try:
+            Path("/proc/sys/kernel/ns_last_pid").write_text(str(gone.pid - 1))
+        except OSError as exc:
+            pytest.skip(f"the next pid cannot be chosen here: {exc}")
+        taker = subprocess.Popen(["sleep", "30"], start_new_session=True)
+        if taker.pid == gone.pid:
+            break
+        taker.kill()
+        taker.wait()
+        taker = None
+    if taker is None:
+        pytest.skip("another process took the pid each time")
+    try:
+        assert end_and_reap(gone, grace_s=1.0) == 0
+        assert taker.poll() is None
+    finally:
+        taker.kill()
+        taker.wait()
+
+
+async def test_waiting_for_a_supervisor_leaves_it_unreaped_until_its_tree_is_ended() -> None:
+    proc = subprocess.Popen(["sh", "-c", "exit 4"], start_new_session=True)
+    await exited(proc)
+    assert psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE  # its pid still held
+    assert end_and_reap(proc) == 4
 
 
 def _collect(executor: LocalExecutor, tmp_path: Path, stdout: str, key: bytes,

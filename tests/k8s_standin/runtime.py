@@ -39,7 +39,7 @@ from typing import Any
 
 import psutil
 
-from openforge.executors.process import die_with_parent, kill_tree
+from openforge.executors.process import die_with_parent, end_and_reap, exited
 from openforge.sandbox.protocol import MARKER_ENV  # noqa: E402
 
 # This process's stand-ins only: other test runs on the machine have stand-ins of their own.
@@ -118,7 +118,7 @@ def image_paths(extra: list[str]) -> list[Path]:
 
 
 class ProcessHandle(Handle):
-    def __init__(self, proc: asyncio.subprocess.Process, launch: Launch,
+    def __init__(self, proc: subprocess.Popen[bytes], launch: Launch,
                  init_pid: int | None) -> None:
         self.proc = proc
         self.launch = launch
@@ -128,14 +128,25 @@ class ProcessHandle(Handle):
             NAMESPACES.add(self.namespace)
         self.killed = False
         self._code: int | None = None
+        self._waiter: asyncio.Future[int] | None = None
 
     async def wait(self) -> int:
+        # One wait for every caller (the container's watcher, the Pod's deletion): the
+        # process is ended and reaped once.
+        if self._waiter is None:
+            self._waiter = asyncio.ensure_future(self._wait())
+        return await asyncio.shield(self._waiter)
+
+    async def _wait(self) -> int:
         if self._code is None:
-            code = await self.proc.wait()
-            if self.init_pid is None:
+            # Not reaped before its stragglers are ended (`end_and_reap`): until then its
+            # pid and group are its own, and no other process is ended by them.
+            await exited(self.proc)
+            code = await asyncio.to_thread(
+                end_and_reap, self.proc,
                 # The container's cgroup goes with its main process: so do stragglers.
-                await asyncio.to_thread(kill_tree, self.proc.pid, self.proc.pid,
-                                        self.launch.marker, 0.5)
+                self.launch.marker if self.init_pid is None else None, 0.5)
+            assert code is not None
             if self.killed:
                 code = 137  # unshare cannot re-raise SIGKILL: say what happened
             self._code = 128 - code if code < 0 else code  # signal N -> 128 + N
@@ -155,10 +166,10 @@ class ProcessHandle(Handle):
             return
         self._signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(asyncio.shield(self.proc.wait()), max(grace, 0.1))
+            await asyncio.wait_for(asyncio.shield(exited(self.proc)), max(grace, 0.1))
         except TimeoutError:
             self.kill()
-            await self.proc.wait()
+            await exited(self.proc)
 
     def kill(self) -> None:
         if self.proc.returncode is None:
@@ -220,15 +231,16 @@ class ProcessRuntime:
     async def start(self, launch: Launch) -> Handle:
         argv = self._isolating_argv(launch) if self.isolated else launch.argv
         with open(launch.log_path, "ab") as log:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log,
-                stderr=asyncio.subprocess.STDOUT, cwd=str(launch.cwd), env=launch.env,
-                start_new_session=True, preexec_fn=die_with_parent())
+            # Popen, not asyncio's: its child watcher reaps at once, and a reaped
+            # process's pid and group may be another's by the time stragglers are ended.
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                cwd=str(launch.cwd), env=launch.env, start_new_session=True,
+                preexec_fn=die_with_parent())
         try:
             init_pid = await self._first_child(proc.pid) if self.isolated else None
         except asyncio.CancelledError:  # the Pod went while it started: so does this
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            end_and_reap(proc, launch.marker, grace_s=0)
             raise
         return ProcessHandle(proc, launch, init_pid)
 

@@ -32,18 +32,25 @@ cannot make a grader that runs agent code in-process trustworthy.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from openforge.errors import OpenforgeError
-from openforge.executors.process import die_with_parent, kill_tree, make_undumpable
+from openforge.executors.process import (
+    die_with_parent,
+    end_and_reap,
+    make_undumpable,
+    wait_exited,
+)
 
 _OUTPUT_TAIL = 1500
 # Puts the trusted import paths (argv[2:]) first, as PYTHONPATH would, then runs the module
@@ -125,21 +132,47 @@ def run(module: str, job: dict[str, Any], *, cwd: Path, env: dict[str, str], tim
     with `env`'s PYTHONPATH passed on as `import_paths` (none of it inside `untrusted`)."""
     nonce = secrets.token_hex(16)
     argv = command(module, python, import_paths(env.get("PYTHONPATH"), untrusted=untrusted))
-    proc = subprocess.Popen([*wrap, *argv], cwd=str(cwd), env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, encoding="utf-8", errors="replace",
+    # Waited for without reaping it (not `communicate`, which reaps): until it is reaped its
+    # pid and group cannot go to a new process, so the kill of what it left reaches nothing
+    # else. Pipes, not files: a program the grader starts inherits them and could truncate
+    # a file, notes and all.
+    proc = subprocess.Popen([*wrap, *argv], cwd=str(cwd), env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, preexec_fn=die_with_parent())
-    timed_out = False
-    stdout = stderr = ""
-    try:
-        stdout, stderr = proc.communicate(json.dumps({**job, "nonce": nonce}, ensure_ascii=False),
-                                          timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    finally:
-        kill_tree(proc.pid, proc.pid, None, grace_s=1.0)
-        proc.wait()
-    return _read(stdout or "", stderr or "", nonce, timed_out, proc.returncode)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    job_text = json.dumps({**job, "nonce": nonce}, ensure_ascii=False)
+    threads = [_Pipe(proc.stdin, job_text.encode()), _Pipe(proc.stdout), _Pipe(proc.stderr)]
+    timed_out = not wait_exited(proc, timeout_s)
+    returncode = end_and_reap(proc, grace_s=1.0)
+    for thread in threads:
+        thread.join(timeout=5)  # a process that escaped the kill may hold a pipe open
+    stdout, stderr = (thread.text() for thread in threads[1:])
+    return _read(stdout, stderr, nonce, timed_out, returncode)
+
+
+class _Pipe(threading.Thread):
+    """Writes `data` into `pipe` and closes it, or reads `pipe` to its end (`text`)."""
+
+    def __init__(self, pipe: IO[bytes], data: bytes | None = None) -> None:
+        super().__init__(daemon=True)
+        self.pipe, self.data, self.chunks = pipe, data, list[bytes]()
+        self.start()
+
+    def run(self) -> None:
+        try:
+            if self.data is not None:
+                self.pipe.write(self.data)  # a grader that does not read it cannot hold us
+            else:
+                while chunk := self.pipe.read(65536):
+                    self.chunks.append(chunk)
+        except (OSError, ValueError):
+            pass  # it ended without reading all of it: its outcome says so
+        finally:
+            with contextlib.suppress(OSError):
+                self.pipe.close()
+
+    def text(self) -> str:
+        return b"".join(self.chunks).decode("utf-8", errors="replace")
 
 
 def run_verified(module: str, job: dict[str, Any], *, cwd: Path, timeout_s: float,

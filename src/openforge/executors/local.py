@@ -63,6 +63,8 @@ from openforge.executor import Executor
 from openforge.executors.process import (
     become_subreaper,
     die_with_parent,
+    end_and_reap,
+    exited,
     kill_tree,
     make_undumpable,
     started_here,
@@ -381,12 +383,10 @@ class LocalExecutor(Executor):
         finally:
             # Runs on normal exit, timeout and cancellation alike: nothing survives us.
             if proc is not None:
+                # Not reaped until now (`exited` leaves it a zombie): the kill by its pid
+                # and group cannot reach a process that took them over.
                 await asyncio.shield(asyncio.to_thread(
-                    kill_tree, proc.pid, proc.pid, env[MARKER_ENV], self.options.grace_s))
-                if proc.poll() is None:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(5):
-                            await asyncio.shield(_exited(proc))
+                    end_and_reap, proc, env[MARKER_ENV], self.options.grace_s))
                 _SUPERVISORS.discard(proc.pid)
                 if proc.returncode != 0:
                     # It died (killed, maybe by the agent when there is no isolation): its
@@ -496,50 +496,23 @@ async def _exited_or_past(proc: subprocess.Popen[bytes],
     that fails (`du` cannot be started: the machine is out of processes) is the
     infrastructure's: the rollout goes on unwatched, with a warning, and is not ended."""
     if watch is None:
-        await _exited(proc)
+        await exited(proc)
         return None
-    exited, watching = asyncio.ensure_future(_exited(proc)), asyncio.ensure_future(watch)
+    ended, watching = asyncio.ensure_future(exited(proc)), asyncio.ensure_future(watch)
     try:
-        await asyncio.wait({exited, watching}, return_when=asyncio.FIRST_COMPLETED)
-        if not exited.done() and watching.exception() is not None:
+        await asyncio.wait({ended, watching}, return_when=asyncio.FIRST_COMPLETED)
+        if not ended.done() and watching.exception() is not None:
             log.warning("the watch of a rollout's folder failed (%s); the rollout goes on "
                         "without it", watching.exception())
-            await exited
+            await ended
     finally:
-        for task in (exited, watching):
+        for task in (ended, watching):
             task.cancel()
         # Cancelled tasks end before we go on: no measurement runs past its rollout.
-        await asyncio.gather(exited, watching, return_exceptions=True)
+        await asyncio.gather(ended, watching, return_exceptions=True)
     if watching.done() and not watching.cancelled() and watching.exception() is None:
         return watching.result()
     return None
-
-
-async def _exited(proc: subprocess.Popen[bytes]) -> None:
-    """Until `proc` has exited (and is reaped): a pidfd in the event loop, else polling."""
-    if proc.poll() is not None:
-        return
-    loop = asyncio.get_running_loop()
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):
-        while proc.poll() is None:
-            await asyncio.sleep(0.05)
-        return
-    done: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:
-        if not done.done():
-            done.set_result(None)
-
-    loop.add_reader(pidfd, readable)
-    try:
-        if proc.poll() is None:
-            await done
-        proc.wait()
-    finally:
-        loop.remove_reader(pidfd)
-        os.close(pidfd)
 
 
 def adopted_since(since: float) -> list[psutil.Process]:

@@ -15,11 +15,15 @@ Where an agent's processes are found, from strongest to weakest:
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
+import select
 import signal
+import subprocess
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psutil
 
@@ -99,7 +103,14 @@ def tree_of(pid: int, pgid: int | None = None, marker: str | None = None) -> lis
         for proc in _marked(marker):
             procs[proc.pid] = proc
     procs.pop(os.getpid(), None)
-    return list(procs.values())
+    return [proc for proc in procs.values() if _live(proc)]
+
+
+def _live(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _signal_all(procs: list[psutil.Process], sig: int) -> None:
@@ -116,6 +127,12 @@ def kill_tree(pid: int, pgid: int | None = None, marker: str | None = None,
 
     Returns how many processes had to be SIGKILLed. Safe to call on a finished rollout:
     it then sweeps stragglers (background daemons the harness left) and returns.
+
+    Call it *before* reaping the leader, when the leader is this process's child: until it
+    is reaped neither its pid nor its group's can be taken by a new process, which this
+    would otherwise end (a command of ours, another rollout's supervisor). The leader is
+    therefore never reaped here: its exit status belongs to whoever started it. The other
+    children of this process that end here (orphans adopted as a subreaper) are reaped.
     """
     procs = tree_of(pid, pgid, marker)
     if pgid is not None:
@@ -124,20 +141,125 @@ def kill_tree(pid: int, pgid: int | None = None, marker: str | None = None,
         except (ProcessLookupError, PermissionError):
             pass
     _signal_all(procs, signal.SIGTERM)
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    alive = _still_running(procs, grace_s)
     # The tree may have grown while it was dying: look again before the final blow.
     alive_pids = {p.pid for p in alive}
     for proc in tree_of(pid, pgid, marker):
         if proc.pid not in alive_pids:
             alive.append(proc)
+            procs.append(proc)
     if pgid is not None:
         try:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
     _signal_all(alive, signal.SIGKILL)
-    psutil.wait_procs(alive, timeout=grace_s)
+    _still_running(alive, grace_s)
+    _reap_adopted([proc for proc in procs if proc.pid != pid])
     return len(alive)
+
+
+def end_and_reap(proc: subprocess.Popen[Any], marker: str | None = None,
+                 grace_s: float = 2.0) -> int | None:
+    """End `proc` (started with `start_new_session`) with its group, its descendants and
+    the processes carrying `marker` (`kill_tree`), then reap it: its exit status, or None
+    when it outlives the kill by 5 s.
+
+    Watch such a process with `has_exited`, not `Popen.poll`: once it is reaped, its pid and
+    its group's can be taken by a new process, which a kill by them would end. So a process
+    that was reaped already is not killed here, only its status returned."""
+    if proc.returncode is None:
+        kill_tree(proc.pid, proc.pid, marker, grace_s)
+    try:
+        return proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def has_exited(pid: int) -> bool:
+    """Whether child `pid` has exited, without reaping it (it stays a zombie, holding its
+    pid, until its `Popen` is waited for)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already
+        return True
+
+
+async def exited(proc: subprocess.Popen[Any]) -> None:
+    """Until `proc` has exited, without reaping it (a pidfd in the event loop, else polling
+    `waitid` with WNOWAIT): a zombie keeps its pid, so nothing can take it over while the
+    rollout's tree is ended by that pid. `end_and_reap` reaps it afterwards."""
+    if proc.returncode is not None or has_exited(proc.pid):
+        return
+    loop = asyncio.get_running_loop()
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        while not has_exited(proc.pid):
+            await asyncio.sleep(0.05)
+        return
+    done: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_reader(pidfd, readable)
+    try:
+        if not has_exited(proc.pid):
+            await done
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+
+
+def wait_exited(proc: subprocess.Popen[Any], timeout_s: float) -> bool:
+    """Wait up to `timeout_s` for `proc` to exit, without reaping it (`has_exited`);
+    whether it did."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except OSError:  # reaped already, or no pidfds here: poll
+        deadline = time.monotonic() + timeout_s
+        while not has_exited(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return has_exited(proc.pid)
+    try:
+        return bool(select.select([pidfd], [], [], timeout_s)[0])
+    finally:
+        os.close(pidfd)
+
+
+def _still_running(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Those of `procs` neither gone nor zombies after up to `timeout_s`. Unlike
+    `psutil.wait_procs` this reaps nothing: a child's status stays its owner's."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.001
+    while True:
+        alive = []
+        for proc in procs:
+            try:
+                if proc.is_running() and _live(proc):
+                    alive.append(proc)
+            except psutil.Error:
+                continue
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        procs = alive
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.04)
+
+
+def _reap_adopted(procs: list[psutil.Process]) -> None:
+    """Reap those of `procs` that are dead children this process adopted as a subreaper
+    (not ones it started itself: `started_here`)."""
+    me = os.getpid()
+    for proc in procs:
+        try:
+            if (proc.status() == psutil.STATUS_ZOMBIE and proc.ppid() == me
+                    and not started_here(proc.pid)):
+                os.waitpid(proc.pid, os.WNOHANG)
+        except (psutil.Error, OSError):
+            continue
 
 
 def wait_gone(pids: list[int], timeout_s: float = 5.0) -> list[int]:

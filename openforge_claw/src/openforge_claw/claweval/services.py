@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from openforge.executors.process import die_with_parent
+from openforge.executors.process import die_with_parent, end_and_reap, has_exited
 
 from openforge_claw.claweval.spec import ServiceDef
-from openforge_claw.services.command import free_port, stop_group
+from openforge_claw.services.command import free_port
 
 MIN_READY_S = 30.0
 _PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY",
@@ -85,8 +85,9 @@ class ClawEvalService:
         ready_s = max(self.spec.ready_timeout, MIN_READY_S)
         deadline = time.monotonic() + ready_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                code = self.proc.returncode
+            if has_exited(self.proc.pid):
+                code = end_and_reap(self.proc, grace_s=3.0)  # its group may live on
+                self.proc = None
                 tail = self.stderr_tail()
                 self.stop()
                 raise ServiceStartError(f"service {self.name!r} ({self.spec.command}) exited with "
@@ -130,7 +131,7 @@ class ClawEvalService:
 
     def stop(self) -> None:
         if self.proc is not None:
-            stop_group(self.proc)
+            end_and_reap(self.proc, grace_s=3.0)
             self.proc = None
         if self._stderr is not None:
             self._stderr.close()

@@ -1,6 +1,6 @@
 """A mock service that is a program of the task's own (an openforge claw task's `command`
 kind; a Claw-Eval checkout's services start through `claweval/services.py`, which shares
-`free_port` and `stop_group` from here).
+`free_port` from here).
 
 The command runs in its own process group with `{port}` in its arguments and the `PORT`
 environment variable set to a free loopback port chosen here (never the fixed port the
@@ -20,16 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from openforge.executors.process import die_with_parent, kill_tree
+from openforge.executors.process import die_with_parent, end_and_reap, has_exited
 
 _READY_TIMEOUT_S = 20.0
-
-
-def stop_group(proc: subprocess.Popen[bytes]) -> None:
-    """End a process started with `start_new_session`, its group and its descendants
-    (`openforge.executors.process.kill_tree`: SIGTERM, SIGKILL after 3 s), and reap it."""
-    kill_tree(proc.pid, proc.pid, grace_s=3.0)
-    proc.wait()
 
 
 def free_port() -> int:
@@ -68,10 +61,11 @@ class CommandService:
         # new default client each time cost 0.03-0.14 s of CPU per poll.
         with _local_client(timeout_s=1.0) as client:
             while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"service {self.name!r} exited with code "
-                                       f"{self.proc.returncode} before it was ready: "
-                                       f"{self.command}")
+                if has_exited(self.proc.pid):
+                    code = end_and_reap(self.proc, grace_s=3.0)  # its group may live on
+                    self.proc = None
+                    raise RuntimeError(f"service {self.name!r} exited with code {code} "
+                                       f"before it was ready: {self.command}")
                 try:
                     if client.get(self.url + self.health_check).status_code < 500:
                         return
@@ -85,7 +79,7 @@ class CommandService:
     def stop(self) -> None:
         if self.proc is None:
             return
-        stop_group(self.proc)
+        end_and_reap(self.proc, grace_s=3.0)
         self.proc = None
 
     def snapshot(self) -> dict[str, Any]:
