@@ -17,6 +17,7 @@ from openforge.builtin.chat_endpoint import (
     EndpointDown,
     EndpointError,
     function_calls,
+    reply_message,
 )
 
 COMPLETION = {"id": "c1", "object": "chat.completion", "choices": [
@@ -129,3 +130,14 @@ def test_only_well_formed_function_calls_are_the_agents_to_run() -> None:
         {"id": "a", "type": "function", "function": {"name": "shell", "arguments": '{"command": "ls"}'}}]
     assert function_calls({"role": "assistant", "content": "done"}) == []
     assert function_calls({"tool_calls": "nonsense"}) == []
+
+
+def test_the_reply_is_the_first_choices_message_and_anything_else_is_an_error() -> None:
+    assert reply_message(COMPLETION) == {"role": "assistant", "content": "hi"}
+    no_content = {"choices": [{"message": {"role": "assistant", "content": None,
+                                           "tool_calls": []}}]}
+    assert reply_message(no_content) == {"role": "assistant", "content": "", "tool_calls": []}
+    for answer in ({"error": {"message": "overloaded"}}, {"choices": []},
+                   {"choices": [{"message": "text"}]}):
+        with pytest.raises(EndpointError, match="not a chat completion"):
+            reply_message(answer)

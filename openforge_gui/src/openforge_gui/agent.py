@@ -39,7 +39,12 @@ import json
 import sys
 from typing import Any
 
-from openforge.builtin.chat_endpoint import EndpointDown, EndpointError, function_calls
+from openforge.builtin.chat_endpoint import (
+    EndpointDown,
+    EndpointError,
+    function_calls,
+    reply_message,
+)
 from openforge.builtin.mini_agent import agent_arguments, endpoint
 from openforge_gui.actions import ACTION_TOOLS, ActionParseError, format_action, parse_action
 from openforge_gui.computer import ComputerAPIError, ComputerClient, Observation
@@ -134,18 +139,13 @@ def main(argv: list[str] | None = None) -> int:
             "request_images": [sha256_b64(o.screenshot) for o in screens[-max(args.history, 1):]]}
         steps.append(record)
         try:
-            response = client.create(model=args.model, messages=messages,
-                                     max_tokens=args.max_tokens, **extra)
+            msg = reply_message(client.create(model=args.model, messages=messages,
+                                              max_tokens=args.max_tokens, **extra))
         except EndpointDown as exc:
             return finish("endpoint_error", EXIT_DOWN, f"the model endpoint failed: {exc}")
         except EndpointError as exc:
             return finish("error", EXIT_AGENT_ERROR, f"the model endpoint returned an error: {exc}")
-        try:
-            msg = response["choices"][0]["message"]
-            output = msg.get("content") or ""
-        except (KeyError, IndexError, TypeError, AttributeError):
-            return finish("error", EXIT_AGENT_ERROR, "the model endpoint answered something "
-                          f"other than a chat completion: {json.dumps(response)[:200]}")
+        output = msg["content"]
         calls = function_calls(msg)
         record["model_output"] = output
         entry: dict[str, Any] = {"role": "assistant", "content": output}

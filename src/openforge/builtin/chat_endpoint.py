@@ -75,6 +75,17 @@ class ChatEndpoint:
             attempt += 1
 
 
+def reply_message(response: dict[str, Any]) -> dict[str, Any]:
+    """The first choice's message of a chat completion, its `content` a string ("" when
+    absent); an `EndpointError` when `response` is not one."""
+    try:
+        message = response["choices"][0]["message"]
+        content = message.get("content") or ""
+    except (KeyError, IndexError, TypeError, AttributeError):
+        raise EndpointError(f"not a chat completion: {json.dumps(response)[:200]}") from None
+    return {**message, "content": content if isinstance(content, str) else str(content)}
+
+
 def _retry_after(value: str | None) -> float | None:
     """Seconds from a `Retry-After` header, when it gives a usable number of them."""
     try:

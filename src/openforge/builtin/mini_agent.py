@@ -32,6 +32,7 @@ from openforge.builtin.chat_endpoint import (
     EndpointDown,
     EndpointError,
     function_calls,
+    reply_message,
 )
 
 SYSTEM_PROMPT = (
@@ -154,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(args.max_steps):
         transcript["steps"] = step + 1
         try:
-            response = client.create(model=args.model, messages=messages, tools=TOOLS,
-                                     max_tokens=args.max_tokens, **extra)
+            msg = reply_message(client.create(model=args.model, messages=messages,
+                                              tools=TOOLS, max_tokens=args.max_tokens, **extra))
         except EndpointDown as exc:
             save("endpoint_error", str(exc))
             print(f"mini_agent: the model endpoint failed: {exc}", file=sys.stderr)
@@ -164,14 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             save("error", str(exc))
             print(f"mini_agent: the model endpoint returned an error: {exc}", file=sys.stderr)
             return EXIT_AGENT_ERROR
-        try:
-            msg = response["choices"][0]["message"]
-            content = msg.get("content") or ""
-        except (KeyError, IndexError, TypeError, AttributeError):
-            save("error", f"not a chat completion: {json.dumps(response)[:200]}")
-            print("mini_agent: the model endpoint answered something other than a chat "
-                  "completion", file=sys.stderr)
-            return EXIT_AGENT_ERROR
+        content = msg["content"]
         # Only function calls are ours to run; other tool-call kinds are ignored.
         calls = function_calls(msg)
         entry: dict[str, Any] = {"role": "assistant", "content": content}
