@@ -7,13 +7,17 @@ import asyncio
 import shlex
 import subprocess
 import sys
+import threading
+import urllib.error
 from collections.abc import AsyncIterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 from sandbox_modes import ALL_MODES
 
+from openforge import rollout
 from openforge.config import EngineConfig, GatewayConfig
 from openforge.gateway.server import Gateway
 from openforge.rollout import execute
@@ -236,3 +240,50 @@ async def test_a_reward_that_wants_calls_gets_its_own_sessions_trajectory(
     mine = gateway.store.get_session(result.reward.details["sessions"][0])
     assert mine is not None and mine.rollout_id == "mine"
     assert result.reward.details["calls"] == 2 and result.reward.details["tools"] == ["write_file"]
+
+
+class _ScoringRoutes(BaseHTTPRequestHandler):
+    """Answers each request with the next of `answers` (status, body) and keeps what it saw."""
+
+    answers: list[tuple[int, bytes]] = []
+    seen: list[tuple[str, str, str | None]] = []
+
+    def _answer(self) -> None:
+        self.seen.append((self.command, self.path, self.headers.get("Authorization")))
+        status, body = self.answers.pop(0)
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_scoring_routes_send_the_credential_and_raise_a_refusal_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ScoringRoutes)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        spec = spec_for("executor_plugins:OkHarness").model_copy(update={
+            "gateway_url": f"http://127.0.0.1:{server.server_port}/", "session_id": "s1",
+            "scoring_token": "score-me"})
+        _ScoringRoutes.answers = [(200, b'{"calls": []}'), (401, b'{"error": "no"}')]
+        _ScoringRoutes.seen = []
+        assert rollout._scoring(spec, "GET", "calls") == {"calls": []}
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            rollout._scoring(spec, "POST", "seal")
+        assert _ScoringRoutes.seen == [
+            ("GET", "/scoring/sessions/s1/calls", "Bearer score-me"),
+            ("POST", "/scoring/sessions/s1/seal", "Bearer score-me")]  # the 401: not retried
+    finally:
+        server.shutdown()
+        server.server_close()
+    # No gateway at all: three tries, then the connection's error.
+    sleeps: list[float] = []
+    monkeypatch.setattr(rollout.time, "sleep", sleeps.append)
+    with pytest.raises(OSError):
+        rollout._scoring(spec, "POST", "seal")
+    assert sleeps == [0.5, 1.0]

@@ -52,12 +52,16 @@ ZeroDivisionError: ... while scoring (score)".
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import os
 import shutil
 import signal
 import sys
 import time
 import traceback
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from pkgutil import resolve_name
@@ -458,20 +462,21 @@ def _noted(fields: dict[str, Any], removed: list[str]) -> dict[str, Any]:
 
 
 def _scoring(spec: RolloutSpec, method: str, route: str) -> Any:
-    """A scoring route of the spec's session, with its scoring credential (the JSON answer)."""
-    import httpx  # only the trusted side's scoring routes need it
+    """A scoring route of the spec's session, with its scoring credential (the JSON answer).
 
+    The standard library's client, not httpx: importing httpx and building its client cost
+    each rollout 0.24-0.35 CPU-s for two requests (urllib: 0.002). A connection that fails
+    is tried three times; an answer that is an HTTP error is raised at once."""
     url = f"{spec.gateway_url.rstrip('/')}/scoring/sessions/{spec.session_id}/{route}"
-    headers = {"authorization": f"Bearer {spec.scoring_token}"}
-    # Certificates are loaded only for a gateway behind TLS: loading them is most of what a
-    # new client costs, paid by every rollout, for a plain-HTTP gateway that uses none.
-    verify = url.startswith("https://")
+    request = urllib.request.Request(
+        url, method=method, headers={"Authorization": f"Bearer {spec.scoring_token}"})
     for attempt in range(3):
         try:
-            response = httpx.request(method, url, headers=headers, timeout=60.0, verify=verify)
-            response.raise_for_status()
-            return response.json()
-        except httpx.TransportError:
+            with urllib.request.urlopen(request, timeout=60.0) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError:
+            raise
+        except (OSError, http.client.HTTPException):  # refused, reset, timed out, cut short
             if attempt == 2:
                 raise
             time.sleep(0.5 * (attempt + 1))
