@@ -264,18 +264,13 @@ def _reap_adopted(procs: list[psutil.Process]) -> None:
 
 def wait_gone(pids: list[int], timeout_s: float = 5.0) -> list[int]:
     """The pids among `pids` still alive (not zombies) after up to `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        alive = []
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.Error:
-                continue
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.05)
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            continue
+    return [proc.pid for proc in _still_running(procs, timeout_s)]
 
 
 # -- the agent's processes without a PID namespace (sandbox none) ------------------------------
@@ -345,12 +340,7 @@ def started_here(pid: int) -> bool:
 def reap_children() -> None:
     """Collect exit statuses of adopted children that died (zombies of this process); the
     children this process started itself are left to whoever waits for them."""
-    for proc in psutil.Process().children():
-        try:
-            if proc.status() == psutil.STATUS_ZOMBIE and not started_here(proc.pid):
-                os.waitpid(proc.pid, os.WNOHANG)
-        except (psutil.Error, ChildProcessError, OSError):
-            continue
+    _reap_adopted(psutil.Process().children())
 
 
 class LeftoverError(RuntimeError):
