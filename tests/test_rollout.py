@@ -252,6 +252,8 @@ class _ScoringRoutes(BaseHTTPRequestHandler):
         self.seen.append((self.command, self.path, self.headers.get("Authorization")))
         status, body = self.answers.pop(0)
         self.send_response(status)
+        if status == 302:
+            self.send_header("Location", "http://127.0.0.1:9/elsewhere")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -270,14 +272,18 @@ def test_scoring_routes_send_the_credential_and_raise_a_refusal_at_once(
         spec = spec_for("executor_plugins:OkHarness").model_copy(update={
             "gateway_url": f"http://127.0.0.1:{server.server_port}/", "session_id": "s1",
             "scoring_token": "score-me"})
-        _ScoringRoutes.answers = [(200, b'{"calls": []}'), (401, b'{"error": "no"}')]
+        _ScoringRoutes.answers = [(200, b'{"calls": []}'), (401, b'{"error": "no"}'),
+                                  (302, b"")]
         _ScoringRoutes.seen = []
         assert rollout._scoring(spec, "GET", "calls") == {"calls": []}
         with pytest.raises(urllib.error.HTTPError, match="401"):
             rollout._scoring(spec, "POST", "seal")
+        with pytest.raises(urllib.error.HTTPError, match="302"):  # the credential stays here
+            rollout._scoring(spec, "GET", "calls")
         assert _ScoringRoutes.seen == [
             ("GET", "/scoring/sessions/s1/calls", "Bearer score-me"),
-            ("POST", "/scoring/sessions/s1/seal", "Bearer score-me")]  # the 401: not retried
+            ("POST", "/scoring/sessions/s1/seal", "Bearer score-me"),  # the 401: not retried
+            ("GET", "/scoring/sessions/s1/calls", "Bearer score-me")]
     finally:
         server.shutdown()
         server.server_close()

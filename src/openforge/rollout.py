@@ -466,13 +466,13 @@ def _scoring(spec: RolloutSpec, method: str, route: str) -> Any:
 
     The standard library's client, not httpx: importing httpx and building its client cost
     each rollout 0.24-0.35 CPU-s for two requests (urllib: 0.002). A connection that fails
-    is tried three times; an answer that is an HTTP error is raised at once."""
+    is tried three times; an answer that is an HTTP error or a redirect is raised at once."""
     url = f"{spec.gateway_url.rstrip('/')}/scoring/sessions/{spec.session_id}/{route}"
     request = urllib.request.Request(
         url, method=method, headers={"Authorization": f"Bearer {spec.scoring_token}"})
     for attempt in range(3):
         try:
-            with urllib.request.urlopen(request, timeout=60.0) as response:
+            with _no_redirects().open(request, timeout=60.0) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError:
             raise
@@ -481,6 +481,17 @@ def _scoring(spec: RolloutSpec, method: str, route: str) -> Any:
                 raise
             time.sleep(0.5 * (attempt + 1))
     raise AssertionError("not reached")
+
+
+class _Unfollowed(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # the 3xx is raised as an HTTPError
+
+
+def _no_redirects() -> urllib.request.OpenerDirector:
+    """urllib's client without its redirects (httpx's default too): the scoring credential
+    goes to the gateway's address and nowhere a 3xx points."""
+    return urllib.request.build_opener(_Unfollowed)
 
 
 def seal_session(spec: RolloutSpec) -> None:
