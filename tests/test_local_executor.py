@@ -17,7 +17,15 @@ import pytest
 from sandbox_modes import ALL_MODES, ISOLATING_MODES
 
 from openforge.executors.local import LocalExecutor, LocalExecutorError, LocalOptions
-from openforge.executors.process import end_and_reap, exited, reap_children, wait_gone
+from openforge.executors.process import (
+    end_and_reap,
+    exited,
+    reap_adopted,
+    reap_children,
+    signal_members,
+    wait_exited,
+    wait_gone,
+)
 from openforge.options import OptionsError
 from openforge.sandbox.protocol import new_result_key, result_line, scrub_env
 from openforge.types import RewardResult, RolloutResult, RolloutSpec, Task
@@ -197,32 +205,67 @@ def test_ending_a_tree_leaves_its_leaders_exit_status_to_its_owner() -> None:
     assert end_and_reap(running, grace_s=1.0) == -signal.SIGTERM
 
 
-def test_a_reaped_process_is_never_killed_by_the_pid_it_had() -> None:
-    # A reaped process's pid (and its group's) can go to a new process at once: on a
-    # busy runner, another rollout's supervisor. The kernel's next pid is set to hand
-    # the new process the old one's pid, as chance does on a busy machine.
-    gone = subprocess.Popen(["true"], start_new_session=True)
-    gone.wait()
-    taker = None
+def _take_pid(pid: int, argv: list[str]) -> subprocess.Popen[bytes]:
+    """Start `argv` (in a session of its own) with the freed `pid`, as chance does on a
+    busy machine: the kernel's next pid is set to hand it over. Skips where it cannot be."""
     for _ in range(20):
         try:
-            Path("/proc/sys/kernel/ns_last_pid").write_text(str(gone.pid - 1))
+            Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
         except OSError as exc:
             pytest.skip(f"the next pid cannot be chosen here: {exc}")
-        taker = subprocess.Popen(["sleep", "30"], start_new_session=True)
-        if taker.pid == gone.pid:
-            break
+        taker = subprocess.Popen(argv, start_new_session=True)
+        if taker.pid == pid:
+            return taker
         taker.kill()
         taker.wait()
-        taker = None
-    if taker is None:
-        pytest.skip("another process took the pid each time")
+    pytest.skip("another process took the pid each time")
+
+
+def test_a_reaped_process_is_never_killed_by_the_pid_it_had() -> None:
+    # A reaped process's pid (and its group's) can go to a new process at once: on a
+    # busy runner, another rollout's supervisor.
+    gone = subprocess.Popen(["true"], start_new_session=True)
+    gone.wait()
+    taker = _take_pid(gone.pid, ["sleep", "30"])
     try:
         assert end_and_reap(gone, grace_s=1.0) == 0
         assert taker.poll() is None
     finally:
         taker.kill()
         taker.wait()
+
+
+def test_a_signal_to_a_scans_members_never_reaches_a_new_owner_of_a_pid() -> None:
+    # The first look finds a member that then ends and is reaped; its pid goes to an
+    # outsider before the signal. The second look (through pidfds) no longer lists it.
+    member = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    gone = subprocess.Popen(["true"], start_new_session=True)
+    gone.wait()
+    taker = _take_pid(gone.pid, ["sleep", "30"])
+    looks = iter([[member.pid, gone.pid], [member.pid]])
+    try:
+        assert signal_members(lambda: next(looks), signal.SIGKILL) == {member.pid}
+        assert member.wait(timeout=5) == -signal.SIGKILL
+        assert taker.poll() is None
+    finally:
+        for proc in (member, taker):
+            proc.kill()
+            proc.wait()
+
+
+def test_reaping_adopted_orphans_leaves_a_new_owner_of_their_pid_its_exit_status() -> None:
+    # An orphan found, then reaped elsewhere (another rollout's sweep); its pid goes to a
+    # process that exits 5. Reaping what was found must not take that 5 from its owner.
+    gone = subprocess.Popen(["true"], start_new_session=True)
+    found = psutil.Process(gone.pid)
+    gone.wait()
+    # The kernel hands pids out in turn: one comes back only after the counter went all
+    # the way round, never within the clock tick that start times are counted in.
+    time.sleep(2 / os.sysconf("SC_CLK_TCK"))
+    taker = _take_pid(gone.pid, ["sh", "-c", "exit 5"])
+    assert wait_exited(taker, 5.0)
+    reap_adopted([found])
+    assert taker.wait(timeout=5) == 5
 
 
 async def test_waiting_for_a_supervisor_leaves_it_unreaped_until_its_tree_is_ended() -> None:

@@ -41,7 +41,6 @@ every child the runner adopted since that supervisor started (other than supervi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
@@ -67,6 +66,7 @@ from openforge.executors.process import (
     exited,
     kill_tree,
     make_undumpable,
+    reap_adopted,
     started_here,
 )
 from openforge.options import PluginOptions
@@ -537,5 +537,4 @@ def end_all(procs: list[psutil.Process], grace_s: float) -> None:
     """End each process with everything below it, and reap it."""
     for proc in procs:
         kill_tree(proc.pid, None, None, grace_s=grace_s)
-        with contextlib.suppress(OSError):
-            os.waitpid(proc.pid, os.WNOHANG)
+    reap_adopted(procs)

@@ -16,13 +16,14 @@ Where an agent's processes are found, from strongest to weakest:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 import select
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import psutil
@@ -155,7 +156,7 @@ def kill_tree(pid: int, pgid: int | None = None, marker: str | None = None,
             pass
     _signal_all(alive, signal.SIGKILL)
     _still_running(alive, grace_s)
-    _reap_adopted([proc for proc in procs if proc.pid != pid])
+    reap_adopted([proc for proc in procs if proc.pid != pid])
     return len(alive)
 
 
@@ -249,9 +250,14 @@ def _still_running(procs: list[psutil.Process], timeout_s: float) -> list[psutil
         delay = min(delay * 2, 0.04)
 
 
-def _reap_adopted(procs: list[psutil.Process]) -> None:
+def reap_adopted(procs: list[psutil.Process]) -> None:
     """Reap those of `procs` that are dead children this process adopted as a subreaper
-    (not ones it started itself: `started_here`)."""
+    (not ones it started itself: `started_here`).
+
+    Only each process as it was found: one reaped meanwhile by another thread gave its pid
+    back, and the new owner (a command of ours that just exited, say) keeps its exit status
+    (psutil's `ppid` raises for a pid taken over: its start time differs). So reap through
+    these, never by a bare pid."""
     me = os.getpid()
     for proc in procs:
         try:
@@ -260,6 +266,37 @@ def _reap_adopted(procs: list[psutil.Process]) -> None:
                 os.waitpid(proc.pid, os.WNOHANG)
         except (psutil.Error, OSError):
             continue
+
+
+def signal_members(scan: Callable[[], Collection[int]], sig: int) -> set[int]:
+    """Send `sig` to every process `scan` lists (the members of a namespace, of a cgroup),
+    and to no other: the pids it answered.
+
+    A pid read from a scan may be freed and taken by another process before the signal
+    goes. So each pid is first pinned with a pidfd, and `scan` asked again: a pid it still
+    lists was a member while pinned (or the pinned process is gone, and the signal then
+    reaches no one), so the signal goes through the pidfd, never by the number.
+    """
+    pinned: dict[int, int] = {}
+    sent: set[int] = set()
+    try:
+        for pid in scan():
+            try:
+                pinned[pid] = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            except OSError:  # no pidfds here (before Linux 5.3): by the number
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+                    sent.add(pid)
+        for pid in set(scan()) & pinned.keys():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                signal.pidfd_send_signal(pinned[pid], sig)
+                sent.add(pid)
+        return sent
+    finally:
+        for fd in pinned.values():
+            os.close(fd)
 
 
 def wait_gone(pids: list[int], timeout_s: float = 5.0) -> list[int]:
@@ -340,7 +377,7 @@ def started_here(pid: int) -> bool:
 def reap_children() -> None:
     """Collect exit statuses of adopted children that died (zombies of this process); the
     children this process started itself are left to whoever waits for them."""
-    _reap_adopted(psutil.Process().children())
+    reap_adopted(psutil.Process().children())
 
 
 class LeftoverError(RuntimeError):
@@ -356,7 +393,7 @@ def end_untrusted(trusted: set[Identity], grace_s: float = 1.0, rounds: int = 50
     if procs and grace_s > 0:
         seen.update(p.pid for p in procs)
         _signal_all(procs, signal.SIGTERM)
-        psutil.wait_procs(procs, timeout=grace_s)
+        _still_running(procs, grace_s)
     for _ in range(rounds):
         procs = untrusted_descendants(trusted)
         if not procs:
@@ -367,7 +404,7 @@ def end_untrusted(trusted: set[Identity], grace_s: float = 1.0, rounds: int = 50
         more = [p for p in untrusted_descendants(trusted) if p.pid not in {q.pid for q in procs}]
         _signal_all(procs + more, signal.SIGKILL)
         seen.update(p.pid for p in more)
-        psutil.wait_procs(procs + more, timeout=1.0)
+        _still_running(procs + more, 1.0)
         reap_children()
     left = untrusted_descendants(trusted)
     if left:

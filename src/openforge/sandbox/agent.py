@@ -38,6 +38,7 @@ from openforge.executors.process import (
     end_untrusted,
     ns_members,
     pid_namespace,
+    signal_members,
 )
 from openforge.harness import Command
 from openforge.sandbox import bounded
@@ -285,11 +286,9 @@ def _hold(child: int, namespace: str) -> int | None:
 def _kill(proc: subprocess.Popen[bytes], child: Any, namespace: str | None = None) -> None:
     """SIGKILL the sandbox's PID 1 (only while it still is: a dead pid may be reused) and the
     process that started the sandbox, and reap the latter."""
-    if child and namespace is not None and pid_namespace(int(child)) == namespace:
-        try:
-            os.kill(int(child), signal.SIGKILL)
-        except OSError:
-            pass
+    if child and namespace is not None:
+        signal_members(lambda: [int(child)] if pid_namespace(int(child)) == namespace else [],
+                       signal.SIGKILL)
     if proc.poll() is None:
         proc.kill()
     proc.wait()
@@ -298,14 +297,8 @@ def _kill(proc: subprocess.Popen[bytes], child: Any, namespace: str | None = Non
 def _end_namespace(proc: subprocess.Popen[bytes], child: int, namespace: str | None,
                    grace_s: float) -> None:
     """End the sandbox: its PID 1 goes, so the kernel kills every member; then prove it."""
-    members = ns_members(namespace) if namespace else []
-    if grace_s > 0 and members:
-        for pid in members:
-            if pid != child:
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except OSError:
-                    pass
+    if grace_s > 0 and namespace and signal_members(
+            lambda: [pid for pid in ns_members(namespace) if pid != child], signal.SIGTERM):
         try:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
@@ -321,9 +314,5 @@ def _end_namespace(proc: subprocess.Popen[bytes], child: int, namespace: str | N
         if time.monotonic() >= deadline:
             raise LeftoverError(f"{len(left)} processes of the sandbox's PID namespace "
                                 f"{namespace} are still alive: {left[:10]}")
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        signal_members(lambda: ns_members(namespace), signal.SIGKILL)
         time.sleep(0.05)

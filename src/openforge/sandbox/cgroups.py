@@ -40,7 +40,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from openforge.errors import OpenforgeError
+from openforge.executors.process import reap_adopted, signal_members
 from openforge.sandbox.leftovers import left_behind, name_prefix
 
 # Each controller's limit file in v1 and v2.
@@ -227,13 +230,10 @@ class RolloutCgroup:
             if not members:
                 break
             ended |= members
-            for pid in members:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+            found = _found(members)
+            signal_members(self.members, signal.SIGKILL)
             time.sleep(0.01)
-            for pid in members:  # those that came to this process (a subreaper): reaped
-                with contextlib.suppress(ChildProcessError, OSError):
-                    os.waitpid(pid, os.WNOHANG)
+            reap_adopted(found)  # those that came to this process (a subreaper)
         stuck = []
         for controller, (path, _) in list(self.dirs.items()):
             for _ in range(_REMOVE_TRIES):
@@ -313,3 +313,13 @@ def joiner(procs_files: Sequence[str], then: Callable[[], None] | None = None
             then()
 
     return join
+
+
+def _found(pids: Iterable[int]) -> list[psutil.Process]:
+    """The processes these pids are now: psutil keeps each one's start time, which tells it
+    apart from a later owner of its pid."""
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            found.append(psutil.Process(pid))
+    return found
