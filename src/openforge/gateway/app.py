@@ -44,6 +44,7 @@ from openforge.gateway.http import (
     BodyError,
     CredentialError,
     dialect_error,
+    header,
     json_response,
     plain_error,
     read_body,
@@ -86,7 +87,7 @@ def _authenticate(request: Request, state: GatewayState) -> LiveSession | tuple[
 
 
 def _retry_count(request: Request) -> int:
-    raw = request.headers.get("x-stainless-retry-count", "")
+    raw = header(request, b"x-stainless-retry-count") or ""
     return int(raw) if raw.isdigit() and len(raw) < 6 else 0
 
 
