@@ -297,8 +297,10 @@ def _kill(proc: subprocess.Popen[bytes], child: Any, namespace: str | None = Non
 def _end_namespace(proc: subprocess.Popen[bytes], child: int, namespace: str | None,
                    grace_s: float) -> None:
     """End the sandbox: its PID 1 goes, so the kernel kills every member; then prove it."""
-    if grace_s > 0 and namespace and signal_members(
-            lambda: [pid for pid in ns_members(namespace) if pid != child], signal.SIGTERM):
+    if grace_s > 0 and namespace and ns_members(namespace):
+        # PID 1 stays: it reports the harness's exit once the harness ends.
+        signal_members(lambda: [pid for pid in ns_members(namespace) if pid != child],
+                       signal.SIGTERM)
         try:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
