@@ -242,9 +242,9 @@ def test_a_signal_to_a_scans_members_never_reaches_a_new_owner_of_a_pid() -> Non
     gone = subprocess.Popen(["true"], start_new_session=True)
     gone.wait()
     taker = _take_pid(gone.pid, ["sleep", "30"])
-    looks = iter([[member.pid, gone.pid], [member.pid]])
     try:
-        assert signal_members(lambda: next(looks), signal.SIGKILL) == {member.pid}
+        assert signal_members([member.pid, gone.pid], lambda: [member.pid],
+                              signal.SIGKILL) == {member.pid}
         assert member.wait(timeout=5) == -signal.SIGKILL
         assert taker.poll() is None
     finally:

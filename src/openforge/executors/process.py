@@ -23,7 +23,7 @@ import select
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import psutil
@@ -268,9 +268,10 @@ def reap_adopted(procs: list[psutil.Process]) -> None:
             continue
 
 
-def signal_members(scan: Callable[[], Collection[int]], sig: int) -> set[int]:
-    """Send `sig` to every process `scan` lists (the members of a namespace, of a cgroup),
-    and to no other: the pids it answered.
+def signal_members(found: Iterable[int], scan: Callable[[], Collection[int]],
+                   sig: int) -> set[int]:
+    """Send `sig` to the processes `found` by a scan (the members of a namespace, of a
+    cgroup) that `scan` still lists, and to no other: the pids signalled.
 
     A pid read from a scan may be freed and taken by another process before the signal
     goes. So each pid is first pinned with a pidfd, and `scan` asked again: a pid it still
@@ -280,7 +281,7 @@ def signal_members(scan: Callable[[], Collection[int]], sig: int) -> set[int]:
     pinned: dict[int, int] = {}
     sent: set[int] = set()
     try:
-        for pid in scan():
+        for pid in found:
             try:
                 pinned[pid] = os.pidfd_open(pid)
             except ProcessLookupError:
@@ -299,15 +300,19 @@ def signal_members(scan: Callable[[], Collection[int]], sig: int) -> set[int]:
             os.close(fd)
 
 
+def processes(pids: Iterable[int]) -> list[psutil.Process]:
+    """The processes these pids are now. psutil keeps each one's start time, which tells
+    it apart from a later owner of its pid (`reap_adopted`)."""
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            found.append(psutil.Process(pid))
+    return found
+
+
 def wait_gone(pids: list[int], timeout_s: float = 5.0) -> list[int]:
     """The pids among `pids` still alive (not zombies) after up to `timeout_s`."""
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.Error:
-            continue
-    return [proc.pid for proc in _still_running(procs, timeout_s)]
+    return [proc.pid for proc in _still_running(processes(pids), timeout_s)]
 
 
 # -- the agent's processes without a PID namespace (sandbox none) ------------------------------

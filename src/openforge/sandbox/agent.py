@@ -287,7 +287,8 @@ def _kill(proc: subprocess.Popen[bytes], child: Any, namespace: str | None = Non
     """SIGKILL the sandbox's PID 1 (only while it still is: a dead pid may be reused) and the
     process that started the sandbox, and reap the latter."""
     if child and namespace is not None:
-        signal_members(lambda: [int(child)] if pid_namespace(int(child)) == namespace else [],
+        pid = int(child)
+        signal_members([pid], lambda: [pid] if pid_namespace(pid) == namespace else [],
                        signal.SIGKILL)
     if proc.poll() is None:
         proc.kill()
@@ -297,10 +298,13 @@ def _kill(proc: subprocess.Popen[bytes], child: Any, namespace: str | None = Non
 def _end_namespace(proc: subprocess.Popen[bytes], child: int, namespace: str | None,
                    grace_s: float) -> None:
     """End the sandbox: its PID 1 goes, so the kernel kills every member; then prove it."""
-    if grace_s > 0 and namespace and ns_members(namespace):
+    def members() -> list[int]:
+        return ns_members(namespace) if namespace else []
+
+    found = members()
+    if grace_s > 0 and found:
         # PID 1 stays: it reports the harness's exit once the harness ends.
-        signal_members(lambda: [pid for pid in ns_members(namespace) if pid != child],
-                       signal.SIGTERM)
+        signal_members([pid for pid in found if pid != child], members, signal.SIGTERM)
         try:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
@@ -310,11 +314,11 @@ def _end_namespace(proc: subprocess.Popen[bytes], child: int, namespace: str | N
         return
     deadline = time.monotonic() + _GONE_TIMEOUT_S
     while True:
-        left = ns_members(namespace)
+        left = members()
         if not left:
             return
         if time.monotonic() >= deadline:
             raise LeftoverError(f"{len(left)} processes of the sandbox's PID namespace "
                                 f"{namespace} are still alive: {left[:10]}")
-        signal_members(lambda: ns_members(namespace), signal.SIGKILL)
+        signal_members(left, members, signal.SIGKILL)
         time.sleep(0.05)

@@ -40,10 +40,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from openforge.errors import OpenforgeError
-from openforge.executors.process import reap_adopted, signal_members
+from openforge.executors.process import processes, reap_adopted, signal_members
 from openforge.sandbox.leftovers import left_behind, name_prefix
 
 # Each controller's limit file in v1 and v2.
@@ -230,8 +228,8 @@ class RolloutCgroup:
             if not members:
                 break
             ended |= members
-            found = _found(members)
-            signal_members(self.members, signal.SIGKILL)
+            found = processes(members)
+            signal_members(members, self.members, signal.SIGKILL)
             time.sleep(0.01)
             reap_adopted(found)  # those that came to this process (a subreaper)
         stuck = []
@@ -314,12 +312,3 @@ def joiner(procs_files: Sequence[str], then: Callable[[], None] | None = None
 
     return join
 
-
-def _found(pids: Iterable[int]) -> list[psutil.Process]:
-    """The processes these pids are now: psutil keeps each one's start time, which tells it
-    apart from a later owner of its pid."""
-    found = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            found.append(psutil.Process(pid))
-    return found
