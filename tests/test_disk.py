@@ -7,11 +7,14 @@ limit and scored 0) is in `test_adversarial.py::test_an_agent_that_fills_the_dis
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from openforge.executors.local import LocalExecutor, LocalExecutorError
@@ -138,3 +141,58 @@ def test_without_du_the_default_limits_are_left_out_and_explicit_ones_refused(
     assert "no disk limit per rollout (no du (coreutils) on PATH)" in header
     with pytest.raises(LocalExecutorError, match="executor option disk_max: no du"):
         LocalExecutor(sandbox="none", base_dir=str(tmp_path), disk_max="1GiB")
+
+
+def test_watches_cancelled_at_any_moment_reap_their_own_du_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A rollout ends at any moment of its watch's du: as it starts, while it walks, just
+    # after it ended. Each du is then killed by its own pid and reaped once, by the watch:
+    # asyncio's subprocess reaped it in a thread of its own as well and logged "Unknown
+    # child process" when it lost that race (CPython #103847).
+    (tmp_path / "file").write_bytes(b"\1" * 4096)
+    delays = [i * 0.0005 for i in range(60)]
+
+    async def cancel_after(delay: float) -> None:
+        task = asyncio.ensure_future(disk.usage(tmp_path))
+        await asyncio.sleep(delay)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def all_of_them() -> None:
+        for delay in delays:
+            await cancel_after(delay)
+
+    with caplog.at_level(logging.DEBUG, logger="asyncio"):
+        asyncio.run(all_of_them())
+    assert [r.getMessage() for r in caplog.records if "child" in r.getMessage()] == []
+    assert _du_on(tmp_path) == []
+    assert [p.pid for p in psutil.Process().children() if p.name() == "du"] == []
+
+
+_DEEP = "du: {} '" + "d/" * 50_000
+
+
+@pytest.mark.parametrize(("said", "found"), [
+    # Files removed while du walked are not counted: not a problem, but what it said.
+    ([b"du: cannot access 'a/tmp1': No such file or directory"] * 3,
+     (None, "du: cannot access 'a/tmp1': No such file or directory")),
+    # One entry it could not read, after any number of removed ones, is.
+    ([b"du: cannot access 'a/tmp1': No such file or directory"] * 20_000
+     + [b"du: cannot read directory 'a/locked': Permission denied"],
+     ("du: cannot read directory 'a/locked': Permission denied",
+      "du: cannot access 'a/tmp1': No such file or directory")),
+    # A path nested without end: its line is judged by how it ends, said by its head.
+    ([_DEEP.format("cannot access").encode() + b"x': No such file or directory"],
+     (None, _DEEP.format("cannot access")[:disk._LINE_KEEP])),
+    ([_DEEP.format("cannot read directory").encode() + b"x': Permission denied", b""],
+     (_DEEP.format("cannot read directory")[:disk._LINE_KEEP],
+      _DEEP.format("cannot read directory")[:disk._LINE_KEEP])),
+    ([], (None, None)),
+])
+def test_what_du_said_is_read_a_bounded_line_at_a_time(
+        tmp_path: Path, said: list[bytes], found: tuple[str | None, str | None]) -> None:
+    err = tmp_path / "stderr"
+    err.write_bytes(b"".join(line + b"\n" for line in said))
+    with open(err, "rb") as f:
+        assert disk._what_du_said(f) == found

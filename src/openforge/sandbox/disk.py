@@ -21,12 +21,16 @@ a folder made slow to walk cannot take the runner's CPU.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
+
+from openforge.executors.process import exited
 
 # A measurement waits at least this many times as long as the last one took.
 _SPACING = 10
@@ -34,6 +38,9 @@ _SPACING = 10
 UNMEASURED_TIMES = 3
 # What du says of a file that was there when it listed its folder and gone when it looked.
 _VANISHED = ": No such file or directory"
+# What is read of du's output (one number and the folder's name) and of each of its lines.
+_OUT_KEEP = 1 << 16
+_LINE_KEEP = 1 << 12
 
 
 @dataclass(frozen=True)
@@ -62,25 +69,57 @@ async def usage(folder: Path) -> Usage:
 
 
 async def _du(folder: Path, unit: str) -> int:
-    proc = await asyncio.create_subprocess_exec(
-        "du", "-s", "-x", unit, "--", str(folder), stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env={**os.environ, "LC_ALL": "C"})
-    try:
-        out, err = await proc.communicate()
-    except asyncio.CancelledError:  # the rollout ended meanwhile: no du outlives the watch
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        raise
-    # A file removed while du walked (a harness's temporary files come and go) is simply
-    # not counted; anything else it could not read (a folder the agent made unreadable)
-    # would hide what it holds.
-    said = [line for line in err.decode(errors="replace").splitlines() if line.strip()]
-    problems = [line for line in said if not line.endswith(_VANISHED)]
-    if proc.returncode != 0 and (problems or not out.strip()):
-        first = (problems or said or [f"du exited with {proc.returncode}"])[0]
-        raise Unmeasurable(first)
-    return int(out.split()[0])
+    # A Popen watched through a pidfd (`exited`), not asyncio's subprocess: on Python 3.11
+    # asyncio's child watcher reaps in a thread of its own, so a du cancelled as it starts
+    # can be reaped twice ("Unknown child process", CPython #103847), and a du killed just
+    # after it ended is killed by a pid another child may have taken by then (CPython
+    # #127049: here, another rollout's supervisor). This du stays a zombie, holding its
+    # pid, until it is reaped below. Its output goes to files: a folder the agent made full
+    # of unreadable entries makes du's errors as long as it likes.
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            ["du", "-s", "-x", unit, "--", str(folder)], stdin=subprocess.DEVNULL,
+            stdout=out, stderr=err, env={**os.environ, "LC_ALL": "C"})
+        try:
+            await exited(proc)
+        except BaseException:  # the rollout ended meanwhile: no du outlives the watch
+            proc.kill()  # not reaped yet: the pid is still this du's
+            proc.wait()  # at once: SIGKILL cannot be caught
+            raise
+        returncode = proc.wait()
+        out.seek(0)
+        measured = out.read(_OUT_KEEP).split()
+        said: tuple[str | None, str | None] = (None, None)
+        if returncode != 0:
+            err.seek(0)
+            # All of it, a line at a time and out of the event loop: one unreadable entry
+            # anywhere hides what it holds.
+            said = await asyncio.to_thread(_what_du_said, err)
+    problem, first = said
+    if returncode != 0 and (problem is not None or not measured):
+        raise Unmeasurable(problem or first or f"du exited with {returncode}")
+    return int(measured[0])
+
+
+def _what_du_said(err: IO[bytes]) -> tuple[str | None, str | None]:
+    """The first thing du said it could not read, and the first thing it said at all.
+
+    A file removed while du walked (a harness's temporary files come and go) is simply not
+    counted: "No such file or directory" is not a problem, anything else is. A line is
+    held `_LINE_KEEP` bytes at a time (a path nested without end is as long as it likes):
+    its head is what is said, its tail what it ends with."""
+    first = None
+    while head := err.readline(_LINE_KEEP):
+        tail = head
+        while not tail.endswith(b"\n") and (more := err.readline(_LINE_KEEP)):
+            tail = (tail + more)[-_LINE_KEEP:]
+        line = head.decode(errors="replace").rstrip("\n")
+        if not line.strip():
+            continue
+        if not tail.rstrip(b"\n").endswith(_VANISHED.encode()):
+            return line, first or line
+        first = first or line
+    return None, first
 
 
 def over(used: Usage, max_bytes: int | None, max_files: int | None) -> str | None:
