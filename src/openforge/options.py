@@ -29,9 +29,10 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 class PluginOptions(BaseModel):
     """Base of every plugin's options model: unknown names are refused; the docstring
-    under a field is its description in `openforge plugins --options`."""
+    under a field is its description in `openforge plugins --options`. The validator is
+    built when the plugin is first built (`defer_build`), not when its module is imported."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, defer_build=True)
 
 
 class NoOptions(PluginOptions):
@@ -114,6 +115,8 @@ def check_options(model: type[ModelT], options: Mapping[str, Any] | BaseModel, w
 
 class OptionRow(BaseModel):
     """One option as `openforge plugins --options` prints it."""
+
+    model_config = ConfigDict(defer_build=True)
 
     name: str
     type: str

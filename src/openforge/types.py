@@ -2,6 +2,9 @@
 
 These are the boundaries between the runner, the executors, the gateway, the store and
 the trainers. Everything that crosses a process or a file is one of these models.
+
+Each builds its validator when first used (`defer_build`), not when imported: every
+rollout's supervisor imports this module and validates only a few of them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ class Task(BaseModel):
     None when the environment does not split its tasks.
     """
 
+    model_config = ConfigDict(defer_build=True)
+
     id: str
     prompt: str
     environment: str = ""
@@ -33,7 +38,7 @@ class SamplingParams(BaseModel):
     A name it does not know is refused (`sampling.temprature` must not be dropped silently).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -52,6 +57,8 @@ class Session(BaseModel):
     in the object `open` returns: the store keeps their SHA-256 (`token_hash`,
     `scoring_hash`), so a readable store leaks no credential.
     """
+
+    model_config = ConfigDict(defer_build=True)
 
     id: str
     token: str = ""
@@ -84,6 +91,8 @@ class Call(BaseModel):
     retokenization and must not be trained on as if sampled.
     """
 
+    model_config = ConfigDict(defer_build=True)
+
     id: str
     session_id: str
     branch: int = 0
@@ -115,6 +124,8 @@ class Call(BaseModel):
 class RewardResult(BaseModel):
     """A reward's verdict on one finished rollout: `score` in [0, 1]."""
 
+    model_config = ConfigDict(defer_build=True)
+
     score: float = Field(ge=0.0, le=1.0)
     passed: bool
     details: dict[str, Any] = Field(default_factory=dict)
@@ -125,6 +136,8 @@ class RolloutSpec(BaseModel):
 
     Executors serialize it to JSON and hand it to `python -m openforge.rollout SPEC`.
     """
+
+    model_config = ConfigDict(defer_build=True)
 
     run_id: str
     rollout_id: str
@@ -214,7 +227,7 @@ class RolloutResult(StatusFlags, BaseModel):
     1 when the rollout was ended for what its folder took).
     """
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
     rollout_id: str
     task_id: str = ""
@@ -239,6 +252,8 @@ class Sample(BaseModel):
     that arrived between calls; `response_logprobs` is 0.0 on observations. `rollout_id`
     groups the samples of one attempt so trainers can normalize per rollout, not per row.
     """
+
+    model_config = ConfigDict(defer_build=True)
 
     sample_id: str
     session_id: str

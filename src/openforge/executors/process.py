@@ -15,7 +15,6 @@ Where an agent's processes are found, from strongest to weakest:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import os
@@ -190,6 +189,8 @@ async def exited(proc: subprocess.Popen[Any]) -> None:
     """Until `proc` has exited, without reaping it (a pidfd in the event loop, else polling
     `waitid` with WNOWAIT): a zombie keeps its pid, so nothing can take it over while the
     rollout's tree is ended by that pid. `end_and_reap` reaps it afterwards."""
+    import asyncio  # here, not at the top: the rollout supervisor imports this module, never awaits
+
     if proc.returncode is not None or has_exited(proc.pid):
         return
     loop = asyncio.get_running_loop()
