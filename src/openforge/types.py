@@ -15,15 +15,20 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class Task(BaseModel):
+class _Model(BaseModel):
+    """Base of the models below: each builds its validator when first used (`defer_build`;
+    a subclass's own `model_config` adds to this one)."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
+class Task(_Model):
     """One unit of work an agent is asked to do.
 
     `prompt` is what the harness is given; `data` holds whatever the environment and the
     reward need (fixtures, expected answers, checker names). `split` is `train`, `test` or
     None when the environment does not split its tasks.
     """
-
-    model_config = ConfigDict(defer_build=True)
 
     id: str
     prompt: str
@@ -32,13 +37,13 @@ class Task(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
-class SamplingParams(BaseModel):
+class SamplingParams(_Model):
     """How the policy samples. The gateway fills unset values from the request.
 
     A name it does not know is refused (`sampling.temprature` must not be dropped silently).
     """
 
-    model_config = ConfigDict(extra="forbid", defer_build=True)
+    model_config = ConfigDict(extra="forbid")
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -47,7 +52,7 @@ class SamplingParams(BaseModel):
     seed: int | None = None
 
 
-class Session(BaseModel):
+class Session(_Model):
     """One harness run talking to the gateway: one rollout attempt.
 
     The `token` is both the path segment (`/s/<token>/v1`) and the API key; it grants model
@@ -57,8 +62,6 @@ class Session(BaseModel):
     in the object `open` returns: the store keeps their SHA-256 (`token_hash`,
     `scoring_hash`), so a readable store leaks no credential.
     """
-
-    model_config = ConfigDict(defer_build=True)
 
     id: str
     token: str = ""
@@ -82,7 +85,7 @@ CallStatus = Literal["ok", "failed"]
 Dialect = Literal["chat", "completions", "responses", "messages"]
 
 
-class Call(BaseModel):
+class Call(_Model):
     """One model call as the gateway recorded it, token by token.
 
     `prompt_ids` is exactly what the engine received and `completion_ids` / `logprobs`
@@ -90,8 +93,6 @@ class Call(BaseModel):
     engines that only return text (hosted providers through litellm): their ids are a
     retokenization and must not be trained on as if sampled.
     """
-
-    model_config = ConfigDict(defer_build=True)
 
     id: str
     session_id: str
@@ -121,23 +122,19 @@ class Call(BaseModel):
     http_status: int | None = None
 
 
-class RewardResult(BaseModel):
+class RewardResult(_Model):
     """A reward's verdict on one finished rollout: `score` in [0, 1]."""
-
-    model_config = ConfigDict(defer_build=True)
 
     score: float = Field(ge=0.0, le=1.0)
     passed: bool
     details: dict[str, Any] = Field(default_factory=dict)
 
 
-class RolloutSpec(BaseModel):
+class RolloutSpec(_Model):
     """Everything a sandbox needs to run one attempt of one task.
 
     Executors serialize it to JSON and hand it to `python -m openforge.rollout SPEC`.
     """
-
-    model_config = ConfigDict(defer_build=True)
 
     run_id: str
     rollout_id: str
@@ -213,7 +210,7 @@ class StatusFlags:
         return self.status in RETRIED_STATUSES
 
 
-class RolloutResult(StatusFlags, BaseModel):
+class RolloutResult(StatusFlags, _Model):
     """What came out of one attempt (statuses: see `RolloutStatus` above).
 
     `session_id` names the session the attempt ran in: an executor refuses a result whose
@@ -227,7 +224,7 @@ class RolloutResult(StatusFlags, BaseModel):
     1 when the rollout was ended for what its folder took).
     """
 
-    model_config = ConfigDict(extra="ignore", defer_build=True)
+    model_config = ConfigDict(extra="ignore")
 
     rollout_id: str
     task_id: str = ""
@@ -244,7 +241,7 @@ class RolloutResult(StatusFlags, BaseModel):
     limits_reached: dict[str, int] = Field(default_factory=dict)
 
 
-class Sample(BaseModel):
+class Sample(_Model):
     """One training sequence: one branch of a session's calls, merged.
 
     `prompt_ids + response_ids` is the whole token sequence; `response_mask` is 1 on tokens
@@ -252,8 +249,6 @@ class Sample(BaseModel):
     that arrived between calls; `response_logprobs` is 0.0 on observations. `rollout_id`
     groups the samples of one attempt so trainers can normalize per rollout, not per row.
     """
-
-    model_config = ConfigDict(defer_build=True)
 
     sample_id: str
     session_id: str
