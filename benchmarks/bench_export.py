@@ -3,7 +3,8 @@
     python benchmarks/bench_export.py [--quick] [--tokens 1000000] [--turns 10] [--format samples]
 
 Builds a SQLite store of synthetic multi-turn sessions (each call's prompt extends the
-previous call's prompt + completion, the way a tool loop grows) until the calls hold
+previous call's prompt + completion, the way a tool loop grows, and is stored against it
+as the gateway stores it, `NewCall.prompt_base`) until the calls hold
 `--tokens` recorded tokens (prompt + completion ids summed over calls), then runs
 `export_run` in a fresh child process so that its peak memory is measured on its own:
 peak RSS (getrusage of the child, imports included), the peak of Arrow's memory pool and,
@@ -29,7 +30,7 @@ QUICK_TOKENS = 100_000
 
 def build_store(path: Path, tokens: int, turns: int, seed: int = 0) -> dict[str, int]:
     """Synthetic sessions until `tokens` recorded tokens; returns counts."""
-    from openforge.store import Store
+    from openforge.store import NewCall, Store, ids_to_blob
     from openforge.types import Call, Session
 
     rng = random.Random(seed)
@@ -41,6 +42,8 @@ def build_store(path: Path, tokens: int, turns: int, seed: int = 0) -> dict[str,
                                      rollout_id=f"r-{sid}", task_id=f"t{sessions % 50}",
                                      reward=rng.random()))
         prompt = [rng.randrange(151_643) for _ in range(rng.randint(150, 400))]
+        base: str | None = None
+        added: list[int] = []
         for turn in range(turns):
             n = rng.randint(20, 120)
             completion = [rng.randrange(151_643) for _ in range(n)]
@@ -54,11 +57,14 @@ def build_store(path: Path, tokens: int, turns: int, seed: int = 0) -> dict[str,
                 weight_version="w0", exact_tokens=True, status="ok", error=None,
                 body_digest=f"{sid}-{turn}", retry_count=0, images=[], started_at=float(turn),
                 finished_at=float(turn))
-            store.add_call(call)
+            # Stored as the gateway stores it: against the previous call, its new ids only.
+            store.add_calls([NewCall(call, prompt_base=base, prompt_blob=ids_to_blob(added))
+                             if base else NewCall(call)])
             calls += 1
             recorded += len(prompt) + n
             observation = [rng.randrange(151_643) for _ in range(rng.randint(30, 200))]
             prompt = prompt + completion + observation
+            base, added = call.id, observation
             if recorded >= tokens:
                 break
         sessions += 1

@@ -30,7 +30,11 @@ pipeline alone, the gateway's ASGI app (`create_app`: authentication, the body, 
 pipeline) and the Starlette app behind it (router and middlewares too), interleaved call
 by call; the difference to the pipeline alone is what each way adds.
 
-After each profile it tokenizes the texts the load gave `encode_long` again, in the same
+After each profile it reads every call back from the store, stops if a prompt reads back
+other than the engine was sent, and prints how many bytes of prompt ids the store holds
+against the whole prompts' (a prompt that extends its branch is stored as its new ids).
+
+After each profile it also tokenizes the texts the load gave `encode_long` again, in the same
 order, with the `tokenizers` library alone and with the ASCII path in front of it
 (`gateway/ascii_path.py`, a fresh one), and prints both and their ratio (the ids must be
 the same: it stops if they are not).
@@ -48,6 +52,7 @@ import asyncio
 import collections
 import functools
 import json
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -141,15 +146,18 @@ def compare_tokenizers(calls: int) -> None:
 
 
 class InstantEngine(Engine):
-    """Answers every call at once with one fixed completion (ids and logprobs)."""
+    """Answers every call at once with one fixed completion (ids and logprobs), and keeps
+    the prompt ids each call was sent (by call id: the request id is the call's)."""
 
     name = "instant"
 
     def __init__(self, model: Any, completion: list[int]) -> None:
         super().__init__(model=model)
         self.completion = completion
+        self.prompts: dict[str, list[int]] = {}
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
+        self.prompts[request.request_id] = request.prompt_ids  # a reference: no CPU to speak of
         ids = list(self.completion)
         return GenerateResult.model_construct(completion_ids=ids, logprobs=[-0.5] * len(ids),
                                               finish_reason="stop", completion=None,
@@ -164,8 +172,24 @@ WAYS = ("pipeline alone", "GatewayApp", "its Starlette app")
 app (`create_app`), or the Starlette app behind it (router and middlewares included)."""
 
 
+def stored_prompts(store: Store, sent: dict[str, list[int]]) -> str:
+    """What the store holds of the prompts the engine was sent (it stops if a prompt reads
+    back other than sent): bytes of prompt ids stored against those of the whole prompts."""
+    for call in store.iter_calls():
+        if call.prompt_ids != sent[call.id]:
+            sys.exit(f"call {call.id}: the store reads back another prompt than sent: a bug")
+    with sqlite3.connect(store.path) as db:
+        calls, deltas, stored = db.execute(
+            "SELECT COUNT(*), SUM(prompt_base IS NOT NULL), SUM(LENGTH(prompt_ids)) FROM calls"
+        ).fetchone()
+    whole = 4 * sum(len(ids) for ids in sent.values())
+    return (f"prompt ids stored: {stored / 1e6:.2f} MB for {whole / 1e6:.2f} MB of whole prompts "
+            f"({stored / whole:.3f} of it; {deltas} of {calls} calls stored against an earlier "
+            "call, every prompt read back as sent)")
+
+
 async def replay(profile: str, sessions: int, turns: int, ways: tuple[str, ...] = WAYS[:1]
-                 ) -> tuple[dict[str, float], int, float]:
+                 ) -> tuple[dict[str, float], int, float, str]:
     """CPU seconds per call of each way in, the calls, and calls per sample.
 
     Session k's call of turn t enters by `ways[(k + t) % len(ways)]`, so every way sees
@@ -178,7 +202,8 @@ async def replay(profile: str, sessions: int, turns: int, ways: tuple[str, ...] 
     completion = bench.reply_ids(bundle)[profile]
     with TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "phases.sqlite")
-        state = GatewayState(GatewayConfig(), store, InstantEngine(bundle, completion), bundle)
+        engine = InstantEngine(bundle, completion)
+        state = GatewayState(GatewayConfig(), store, engine, bundle)
         app = create_app(state)
         entries = {"GatewayApp": app, "its Starlette app": app.starlette}
         tokens = [state.sessions.open(run_id="bench", task_id=f"t{k}").token
@@ -207,8 +232,10 @@ async def replay(profile: str, sessions: int, turns: int, ways: tuple[str, ...] 
                 bench.next_turn(messages, answer, profile, turn, k)
         merge = bench.merge_rate(store.path)
         state.close()
+        stored = stored_prompts(store, engine.prompts)
         store.close()
-    return {way: cpu[way] / max(counts[way], 1) for way in ways}, sessions * turns, merge
+    return ({way: cpu[way] / max(counts[way], 1) for way in ways}, sessions * turns, merge,
+            stored)
 
 
 async def _enter(way: str, state: GatewayState, token: str, body: bytes,
@@ -274,7 +301,7 @@ def first_calls(sessions: int) -> None:
 
 def compare_ways(sessions: int, turns: int) -> None:
     """The tool-call load once more, its sessions spread over the three ways in."""
-    spent, calls, _ = asyncio.run(replay("tools", sessions, turns, WAYS))
+    spent, calls, _, _ = asyncio.run(replay("tools", sessions, turns, WAYS))
     print(f"\nthe way in (tool-call turns, {calls} calls, a third through each way): "
           "us CPU per call, and beyond the pipeline alone")
     for way in WAYS:
@@ -302,11 +329,12 @@ def main() -> None:
     for profile in ("tools", "users"):
         SPENT.clear()
         LONG_TEXTS.clear()
-        spent, calls, merge = asyncio.run(replay(profile, args.sessions, args.turns))
+        spent, calls, merge, stored = asyncio.run(replay(profile, args.sessions, args.turns))
         print(f"\n{profile}: the pipeline {1e6 * spent[WAYS[0]]:.0f} us CPU per call "
               f"({calls} calls, {merge:.1f} calls per sample)")
         for _, _, label in PHASES:
             print(f"  {label:<30} {1e6 * SPENT[label] / calls:8.1f}")
+        print(f"  {stored}")
         compare_tokenizers(calls)
 
 

@@ -91,6 +91,14 @@ async def run_tool_conversation(c: openai.AsyncOpenAI, first: str, max_turns: in
     raise AssertionError("the conversation did not end")
 
 
+def stored_prompts(store: Store, session_id: str) -> list[tuple[str | None, int]]:
+    """Each call's row as stored, in order: the call its prompt is stored against, and the
+    number of ids its prompt_ids blob holds."""
+    return [(base, size // 4) for base, size in store._conn().execute(
+        "SELECT prompt_base, LENGTH(prompt_ids) FROM calls WHERE session_id = ? ORDER BY idx",
+        (session_id,))]
+
+
 def assert_matches_engine_log(gw: Gateway, calls: list[Call]) -> None:
     """Every recorded call holds exactly what the engine received and produced."""
     by_id = {e.request_id: e for e in gw.engine.log}
@@ -120,6 +128,12 @@ async def test_ten_turn_tool_conversation_stays_on_one_branch(gateway: Gateway, 
         assert call.prompt_ids[:len(context)] == context  # token-for-token extension
         assert len(call.prompt_ids) > len(context)
     assert_matches_engine_log(gateway, calls)
+    # Stored as it grew: each call's row holds only the ids after the call before it.
+    stored = stored_prompts(store, session.id)
+    assert stored[0] == (None, len(calls[0].prompt_ids))
+    for prev, call, (base, n) in zip(calls[:-1], calls[1:], stored[1:], strict=True):
+        assert (base, n) == (prev.id, len(call.prompt_ids) - len(prev.prompt_ids)
+                             - len(prev.completion_ids))
     first = calls[0]
     assert first.dialect == "chat" and first.status == "ok" and first.exact_tokens
     assert first.finish_reason == "tool_calls" and calls[-1].finish_reason == "stop"
@@ -177,6 +191,10 @@ async def test_restart_rebuilds_branch_state_from_the_store(
     assert [c.branch for c in calls] == [0, 0, 0]
     context = calls[1].prompt_ids + calls[1].completion_ids
     assert calls[2].prompt_ids[:len(context)] == context
+    # The rebuilt branch knows which stored call it ends with: the new call is stored
+    # against it.
+    assert [base for base, _ in stored_prompts(store, session.id)] == [None, calls[0].id,
+                                                                        calls[1].id]
 
 
 # --- auth ---------------------------------------------------------------------------------

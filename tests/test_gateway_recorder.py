@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from openforge.gateway.recorder import CallRecorder
-from openforge.store import NewCall, Store
+from openforge.store import NewCall, Store, blob_to_ids, ids_to_blob
 from openforge.types import Call, SamplingParams, Session
 
 
@@ -74,6 +74,25 @@ async def test_a_call_that_cannot_be_written_costs_no_other_call_its_row(
     assert [c.id for c in store.list_calls("s1")] == ["taken", "a", "b"]
     assert [(cid, type(exc).__name__) for cid, exc in failures] == [
         ("taken", "DuplicateCallError")]
+
+
+async def test_a_call_stored_against_one_that_could_not_be_written_is_stored_whole(
+        store: Store) -> None:
+    recorder = CallRecorder(store)
+    unwritable = call("a", 0).model_copy(update={"logprobs": ["not a float"]})
+    after = call("b", 1).model_copy(update={"prompt_ids": [1, 2, 3, 4, 5]})
+    failures: list[str] = []
+    waits = [recorder.record(NewCall(unwritable), lambda exc: failures.append("a")),
+             recorder.record(NewCall(after, prompt_blob=ids_to_blob([5]), prompt_base="a"),
+                             lambda exc: failures.append("b"))]
+    for wait in waits:
+        await wait
+    assert failures == ["a"]
+    # "a" has no row, so "b" was not stored against it: its row holds its whole prompt.
+    base, blob = store._conn().execute(
+        "SELECT prompt_base, prompt_ids FROM calls WHERE id = 'b'").fetchone()
+    assert (base, blob_to_ids(blob)) == (None, [1, 2, 3, 4, 5])
+    assert [(c.id, c.prompt_ids) for c in store.list_calls("s1")] == [("b", [1, 2, 3, 4, 5])]
 
 
 async def test_a_failing_failure_handler_is_logged_and_the_others_still_finish(

@@ -229,6 +229,37 @@ def test_concurrent_calls_on_one_branch_fork_on_commit(tiny_bundle):
     assert b.prompt_ids == a.prompt_ids and list(second.prompt) == b.prompt_ids
 
 
+def test_a_prompt_names_the_call_it_extends_also_when_its_commit_forks(tiny_bundle):
+    # What the store keeps a prompt against (`Extension.call_id`): the call that committed
+    # the ids the prompt starts with, as they were when it was rendered.
+    tokens = SessionTokens(tiny_bundle)
+    opening = chat([SYSTEM, USER], [SHELL_TOOL])
+    first = tokens.render(opening)
+    assert first.extends is None  # a new branch extends no call
+    reply = Message(role="assistant", content="", tool_calls=[shell_call("h0", "ls")])
+    done = assistant_turn_ids(tiny_bundle, opening.messages, reply, [SHELL_TOOL])
+    assert tokens.commit(opening, first, done, reply, "call-1").call_id == "call-1"
+    follow = chat([SYSTEM, USER, reply, Message(role="tool", content="a b", tool_call_id="h0")],
+                  [SHELL_TOOL])
+    a, b = tokens.render(follow), tokens.render(follow)
+    for rendered in (a, b):
+        assert rendered.extends is not None and rendered.extends.call_id == "call-1"
+        head = len(rendered.extends.prompt) + len(rendered.extends.completion)
+        assert rendered.prompt_ids[:head] == first.prompt_ids + done
+    answer = Message(role="assistant", content="2 files")
+    more = assistant_turn_ids(tiny_bundle, follow.messages, answer, [SHELL_TOOL])
+    kept = tokens.commit(follow, a, more, answer, "call-2")
+    forked = tokens.commit(follow, b, more, answer, "call-3")
+    assert (kept.index, kept.call_id) == (0, "call-2")
+    assert (forked.index, forked.reason, forked.call_id) == (1, BRANCH_CONCURRENT, "call-3")
+    # The next prompt extends a branch as its latest call left it (of two alike, the first).
+    later = chat([*follow.messages, answer, Message(role="user", content="and now?")],
+                 [SHELL_TOOL])
+    extends = tokens.render(later).extends
+    assert extends is not None and extends.call_id == "call-2"
+    assert list(extends.prompt) == a.prompt_ids and list(extends.completion) == more
+
+
 def test_parse_of_a_rendered_tool_call_gives_the_call_back(tiny_bundle):
     tokens = SessionTokens(tiny_bundle)
     request = chat([SYSTEM, USER], [SHELL_TOOL])

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
+import openforge.store as store_module
 from openforge.store import (
     COMPRESS_OVER,
     SCHEMA_VERSION,
@@ -287,15 +288,21 @@ def test_reopen_sees_committed_data(tmp_path: Path) -> None:
         assert mode == "wal"
 
 
-def test_a_schema_2_store_gains_the_calls_http_status(tmp_path: Path) -> None:
-    path = tmp_path / "old.sqlite"
+def _old_store(path: Path, version: int, *new_columns: str) -> Path:
+    """A store with one call (c1, session s1) as schema `version` wrote it: without the
+    calls columns that later versions added."""
     with Store(path) as store:
         store.create_session(Session(id="s1", token="t1", created_at=1.0))
         store.add_call(make_call("c1"))
-    conn = sqlite3.connect(path)  # what schema 2 wrote: no http_status column
-    conn.executescript("ALTER TABLE calls DROP COLUMN http_status; "
-                       "UPDATE schema_version SET version = 2;")
+    conn = sqlite3.connect(path)
+    conn.executescript("".join(f"ALTER TABLE calls DROP COLUMN {c}; " for c in new_columns)
+                       + f"UPDATE schema_version SET version = {version};")
     conn.close()
+    return path
+
+
+def test_a_schema_2_store_gains_the_calls_http_status(tmp_path: Path) -> None:
+    path = _old_store(tmp_path / "old.sqlite", 2, "http_status", "prompt_base")
     with Store(path) as store:
         assert store.schema_version == SCHEMA_VERSION
         old = store.get_call("c1")
@@ -303,6 +310,125 @@ def test_a_schema_2_store_gains_the_calls_http_status(tmp_path: Path) -> None:
         store.add_call(make_call("c2", index=1).model_copy(update={"status": "failed",
                                                                     "http_status": 400}))
         assert [c.http_status for c in store.list_calls("s1")] == [None, 400]
+
+
+def test_a_schema_3_store_gains_prompt_bases_and_reads_its_whole_prompts(
+        tmp_path: Path) -> None:
+    path = _old_store(tmp_path / "old.sqlite", 3, "prompt_base")
+    with Store(path) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        first = store.get_call("c1")
+        assert first is not None and first.prompt_ids == [100, 101, 102, 103, 104]
+        # A call recorded after the migration may be stored against one from before it.
+        whole = first.prompt_ids + first.completion_ids + [9, 9]
+        store.add_calls([NewCall(make_call("c2", index=1).model_copy(
+            update={"prompt_ids": whole}), prompt_blob=ids_to_blob([9, 9]), prompt_base="c1")])
+        assert [c.prompt_ids for c in store.list_calls("s1")] == [first.prompt_ids, whole]
+        assert _stored_prompt(store, "c2") == ("c1", [9, 9])
+
+
+def _stored_prompt(store: Store, call_id: str) -> tuple[str | None, list[int]]:
+    """A call's row as stored: its prompt base and the ids its prompt_ids blob holds."""
+    base, blob = store._conn().execute(
+        "SELECT prompt_base, prompt_ids FROM calls WHERE id = ?", (call_id,)).fetchone()
+    return base, blob_to_ids(blob)
+
+
+def _extending(call: Call, base: Call, new_ids: list[int], cid: str, index: int) -> NewCall:
+    """A call whose prompt is `base`'s prompt + completion + `new_ids`, stored against it."""
+    whole = base.prompt_ids + base.completion_ids + new_ids
+    return NewCall(call.model_copy(update={"id": cid, "index": index, "prompt_ids": whole}),
+                   prompt_blob=ids_to_blob(new_ids), prompt_base=base.id)
+
+
+@pytest.mark.parametrize("bases_kept", [16, 0])  # 0: every base read from the file
+def test_prompts_stored_against_earlier_calls_read_back_whole_from_every_reader(
+        store: Store, bases_kept: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_module, "_BASES_KEPT", bases_kept)
+    store.create_session(make_session("s1"))
+    store.create_session(make_session("s2"))
+    c0 = make_call("c0", n=3)
+    store.add_calls([NewCall(c0)])
+    n1 = _extending(c0, c0, [201, 202], "c1", 1)
+    store.add_calls([n1])
+    failed = make_call("f2", index=2).model_copy(update={"status": "failed"})
+    # A base earlier in the same transaction, then a chain of three.
+    n3 = _extending(c0, n1.call, [203], "c3", 3)
+    n4 = _extending(c0, n3.call, [], "c4", 4)  # nothing new: an empty delta
+    n5 = _extending(c0, n4.call, [205, 206, 207], "c5", 5)
+    store.add_calls([NewCall(failed), n3, n4, n5])
+    other = make_call("o0", session_id="s2", n=2)
+    store.add_calls([NewCall(other), _extending(other, other, [301], "o1", 1)])
+    whole = {c.id: c.prompt_ids for c in (c0, n1.call, failed, n3.call, n4.call, n5.call)}
+    whole["o0"] = other.prompt_ids
+    whole["o1"] = other.prompt_ids + other.completion_ids + [301]
+    assert len(whole["c5"]) == 3 + 4 * 4 + 2 + 1 + 0 + 3  # 4 completions before c5
+
+    # Stored as deltas: only the new ids are in each row.
+    assert _stored_prompt(store, "c0") == (None, c0.prompt_ids)
+    assert _stored_prompt(store, "c1") == ("c0", [201, 202])
+    assert _stored_prompt(store, "c4") == ("c3", [])
+    assert _stored_prompt(store, "c5") == ("c4", [205, 206, 207])
+    assert _stored_prompt(store, "o1") == ("o0", [301])
+
+    # Every reader rebuilds them: alone (the chain read from the file), in order, filtered.
+    for cid, ids in whole.items():
+        call = store.get_call(cid)
+        assert call is not None and call.prompt_ids == ids, cid
+    assert {c.id: c.prompt_ids for c in store.list_calls("s1")} == {
+        k: v for k, v in whole.items() if not k.startswith("o")}
+    assert {c.id: c.prompt_ids for c in store.iter_calls()} == whole
+    assert {c.id: c.prompt_ids for c in store.iter_calls(status="failed")} == {"f2": whole["f2"]}
+    assert [c.prompt_ids for c in store.iter_calls(session_id="s2")] == [whole["o0"], whole["o1"]]
+    first = store.first_call("s2")
+    assert first is not None and first.prompt_ids == whole["o0"]
+
+
+@pytest.mark.parametrize("base", ["nope", "f1", "o0", "c2"])
+def test_a_base_that_is_not_an_earlier_ok_call_of_the_session_is_not_referenced(
+        store: Store, base: str) -> None:
+    store.create_session(make_session("s1"))
+    store.create_session(make_session("s2"))
+    c0 = make_call("c0")
+    store.add_calls([NewCall(c0), NewCall(make_call("f1", index=1).model_copy(
+        update={"status": "failed"})), NewCall(make_call("o0", session_id="s2"))])
+    # Unknown, failed, another session's, or the call itself (a later call's id): whole.
+    whole = c0.prompt_ids + c0.completion_ids + [5]
+    call = make_call("c2", index=2).model_copy(update={"prompt_ids": whole})
+    store.add_calls([NewCall(call, prompt_blob=ids_to_blob([5]), prompt_base=base)])
+    assert _stored_prompt(store, "c2") == (None, whole)
+    got = store.get_call("c2")
+    assert got is not None and got.prompt_ids == whole
+
+
+def test_a_base_the_store_no_longer_remembers_writing_is_looked_up_in_the_file(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_module, "_OK_CALLS_KEPT", 2)
+    store.create_session(make_session("s1"))
+    calls = [make_call(f"c{i}", index=i) for i in range(5)]
+    store.add_calls([NewCall(c) for c in calls])
+    assert list(store._ok_calls) == ["c3", "c4"]  # the latest kept, the rest forgotten
+    store.add_calls([_extending(calls[0], calls[0], [9], "d0", 5),
+                     _extending(calls[4], calls[4], [9], "d4", 6)])
+    assert _stored_prompt(store, "d0") == ("c0", [9]) and _stored_prompt(store, "d4") == ("c4", [9])
+    got = store.get_call("d0")
+    assert got is not None and got.prompt_ids == calls[0].prompt_ids + calls[0].completion_ids + [9]
+
+
+def test_a_prompt_whose_base_is_gone_or_circular_is_a_clear_error(store: Store) -> None:
+    store.create_session(make_session("s1"))
+    c0 = make_call("c0")
+    n1 = _extending(c0, c0, [1], "c1", 1)
+    n2 = _extending(c0, n1.call, [2], "c2", 2)
+    store.add_calls([NewCall(c0), n1, n2])
+    conn = store._conn()
+    conn.execute("UPDATE calls SET prompt_base = 'c2' WHERE id = 'c0'")  # c0 -> c2 -> c1 -> c0
+    with pytest.raises(StoreError, match="call 'c2': .*in a cycle .*edited or damaged"):
+        store.get_call("c2")
+    conn.execute("DELETE FROM calls WHERE id = 'c0'")
+    with pytest.raises(StoreError, match="call 'c1': .*against call 'c0', which this store "
+                                         "does not hold"):
+        list(store.iter_calls())
 
 
 def test_newer_schema_is_a_clear_error(tmp_path: Path) -> None:

@@ -20,6 +20,13 @@ Storage choices:
   when larger than `COMPRESS_OVER` bytes (a column holds TEXT or a compressed BLOB; the type
   tells which). Stores written before 2026-12-03 hold zlib BLOBs; both read back (a zstd
   frame starts with its magic number, a zlib stream never does).
+- A call's prompt usually starts with the prompt + completion of an earlier call of its
+  session (the gateway extends a branch turn by turn). Such a call is stored as a delta: its
+  `prompt_base` names that earlier call and its `prompt_ids` blob holds only the ids after
+  it, so a session's prompts take space, and the gateway's write time, in proportion to
+  what each call adds rather than to the whole context (schema 4). `Store` rebuilds the
+  whole prompt on every read (`_PromptChains`); a base that is not an `ok` call of the same
+  session is never referenced (the call is stored whole instead).
 - Session tokens and scoring credentials are stored as their SHA-256 only (`token_hash`,
   `scoring_hash`); the gateway looks sessions up by hash. A store that an agent manages to
   read (sandbox none) leaks no credential. Schema 1 stores (tokens in clear) are migrated in
@@ -51,7 +58,7 @@ import zstandard
 from openforge.errors import OpenforgeError
 from openforge.types import Call, RolloutResult, SamplingParams, Session
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 COMPRESS_OVER = 4096  # bytes of JSON text above which request/response are zstd-compressed
 # zstd level 1: the gateway compresses every (growing) request body it records, and zstd
 # does it several times faster than zlib's fastest level, into fewer bytes.
@@ -60,6 +67,8 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 BUSY_TIMEOUT_MS = 30_000
 CHECKPOINT_INTERVAL_S = 1.0  # between background WAL checkpoints (checkpoint_in_background)
 _ITER_BATCH = 256  # rows fetched at a time by iter_calls
+_OK_CALLS_KEPT = 4096  # ok calls a store remembers having committed (prompt bases)
+_BASES_KEPT = 16  # whole prompt + completion ids a reader keeps as bases (_PromptChains)
 
 _SWAP = sys.byteorder != "little"  # blobs are little-endian whatever the host is
 
@@ -77,6 +86,12 @@ class NewCall(NamedTuple):
     `ids_to_blob(call.prompt_ids)`, computed by the caller from ids it holds as an array.
     `images` maps sha256 -> (media type, bytes) for the images `call.images` references;
     those not stored yet are stored in the same transaction.
+
+    `prompt_base`, when given, is the id of an earlier call of the same session whose
+    prompt + completion ids are the first ids of `call.prompt_ids`, and `prompt_blob` is
+    then required and holds only the ids after them. It is kept only while that call is
+    an `ok` call of the session (already stored, or earlier in the same `add_calls`);
+    otherwise the prompt is stored whole.
     """
 
     call: Call
@@ -84,6 +99,7 @@ class NewCall(NamedTuple):
     response_json: bytes | None = None
     prompt_blob: bytes | None = None
     images: Mapping[str, tuple[str, bytes]] | None = None
+    prompt_base: str | None = None
 
 
 class DuplicateCallError(StoreError):
@@ -140,7 +156,8 @@ CREATE TABLE IF NOT EXISTS calls (
     images TEXT NOT NULL DEFAULT '[]',
     started_at REAL NOT NULL DEFAULT 0,
     finished_at REAL NOT NULL DEFAULT 0,
-    http_status INTEGER
+    http_status INTEGER,
+    prompt_base TEXT
 );
 CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, idx);
 CREATE TABLE IF NOT EXISTS images (
@@ -160,9 +177,19 @@ CREATE TABLE IF NOT EXISTS results (
 _CALL_COLUMNS = (
     "id, session_id, idx, branch, branch_reason, dialect, request, response, prompt_ids, "
     "completion_ids, logprobs, finish_reason, sampling, weight_version, exact_tokens, status, "
-    "error, body_digest, retry_count, images, started_at, finished_at, http_status"
+    "error, body_digest, retry_count, images, started_at, finished_at, http_status, prompt_base"
 )
-_INSERT_CALL = f"INSERT INTO calls ({_CALL_COLUMNS}) VALUES ({', '.join('?' * 23)})"
+_INSERT_CALL = f"INSERT INTO calls ({_CALL_COLUMNS}) VALUES ({', '.join('?' * 24)})"
+# A call and the calls its prompt is stored against, in no set order. UNION, not UNION ALL:
+# a cycle (which only a damaged file could hold) ends when its rows repeat.
+_CHAIN = """
+WITH RECURSIVE chain(id, base, prompt, completion) AS (
+    SELECT id, prompt_base, prompt_ids, completion_ids FROM calls WHERE id = ?
+    UNION
+    SELECT c.id, c.prompt_base, c.prompt_ids, c.completion_ids
+    FROM calls AS c JOIN chain ON c.id = chain.base
+)
+SELECT id, base, prompt, completion FROM chain"""
 _SESSION_COLUMNS = (
     "id, token_hash, run_id, rollout_id, task_id, model, sampling, weight_version, status, "
     "reward, created_at, closed_at, metadata, scoring_hash"
@@ -195,11 +222,16 @@ def ids_to_blob(ids: Sequence[int]) -> bytes:
 
 def blob_to_ids(blob: bytes) -> list[int]:
     """The inverse of `ids_to_blob`."""
+    return blob_to_array(blob).tolist()
+
+
+def blob_to_array(blob: bytes) -> array:
+    """`ids_to_blob`'s blob as an int32 `array` (in the host's byte order)."""
     arr = array("i")
     arr.frombytes(blob)
     if _SWAP:
         arr.byteswap()
-    return arr.tolist()
+    return arr
 
 
 def floats_to_blob(values: list[float]) -> bytes:
@@ -274,16 +306,76 @@ def _unpack_json(value: str | bytes | None) -> Any:
     return json.loads(value)
 
 
-def _row_to_call(row: sqlite3.Row | tuple[Any, ...]) -> Call:
+class _PromptChains:
+    """Whole prompts from delta-stored rows (`NewCall.prompt_base`), for one reader.
+
+    Keeps the prompt + completion ids of the latest `ok` calls read (`_BASES_KEPT`, of one
+    session), as bases for the calls after them: reading a session in order decodes every
+    id once, in memory bounded whatever the session's length. A base the reader does not
+    hold (a single call read, a filtered listing, a branch left long ago) is read with
+    its own chain of bases in one query.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.session = ""
+        self.sequences: dict[str, array] = {}  # call id -> its prompt + completion ids
+
+    def prompt(self, call_id: str, session_id: str, base: str | None, blob: bytes,
+               completion: bytes, status: str) -> list[int]:
+        if session_id != self.session:
+            self.session, self.sequences = session_id, {}
+        ids = blob_to_array(blob)
+        if base is not None:
+            ids = self._sequence(base, call_id) + ids
+        if status == "ok":  # only ok calls are ever bases
+            self._keep(call_id, ids + blob_to_array(completion))
+        return ids.tolist()
+
+    def _keep(self, call_id: str, sequence: array) -> None:
+        sequences = self.sequences
+        sequences.pop(call_id, None)
+        sequences[call_id] = sequence  # the latest last (dicts keep insertion order)
+        if len(sequences) > _BASES_KEPT:
+            del sequences[next(iter(sequences))]
+
+    def _sequence(self, base: str, of: str) -> array:
+        known = self.sequences.get(base)
+        if known is not None:
+            self._keep(base, known)
+            return known
+        rows = {row[0]: row for row in self.conn.execute(_CHAIN, (base,))}
+        chain: list[tuple[Any, ...]] = []  # base, its base, ...
+        at: str | None = base
+        while at is not None:
+            row = rows.get(at)
+            if row is None or len(chain) > len(rows):
+                problem = "which this store does not hold" if row is None else "in a cycle"
+                raise StoreError(f"call {of!r}: its prompt is stored against call {at!r}, "
+                                 f"{problem} (the store file was edited or damaged)")
+            chain.append(row)
+            at = row[1]
+        ids = array("i")
+        for _, _, prompt, completion in reversed(chain):  # the chain's first call first
+            ids.extend(blob_to_array(prompt))
+            ids.extend(blob_to_array(completion))
+        self._keep(base, ids)
+        return ids
+
+
+def _row_to_call(row: sqlite3.Row | tuple[Any, ...], chains: _PromptChains) -> Call:
     (cid, session_id, idx, branch, branch_reason, dialect, request, response, prompt_ids,
      completion_ids, logprobs, finish_reason, sampling, weight_version, exact_tokens, status,
-     error, body_digest, retry_count, images, started_at, finished_at, http_status) = row
+     error, body_digest, retry_count, images, started_at, finished_at, http_status,
+     prompt_base) = row
     # model_construct: the row was validated when it was written; re-validating every token
     # list on read would dominate export time.
     return Call.model_construct(
         id=cid, session_id=session_id, index=idx, branch=branch, branch_reason=branch_reason,
         dialect=dialect, request=_unpack_json(request) or {}, response=_unpack_json(response),
-        prompt_ids=blob_to_ids(prompt_ids), completion_ids=blob_to_ids(completion_ids),
+        prompt_ids=chains.prompt(cid, session_id, prompt_base, prompt_ids, completion_ids,
+                                 status),
+        completion_ids=blob_to_ids(completion_ids),
         logprobs=blob_to_floats(logprobs), finish_reason=finish_reason,
         sampling=json.loads(sampling), weight_version=weight_version,
         exact_tokens=bool(exact_tokens), status=status, error=error, body_digest=body_digest,
@@ -346,6 +438,9 @@ class Store:
         # Hashes of images known to be committed: a session's screenshots are referenced by
         # every later call, and need not be sent to SQLite again each time.
         self._stored_images: set[str] = set()
+        # The latest ok calls this store committed (id -> session), the bases of the next
+        # prompts: rows are never changed or deleted, so these need no query to check.
+        self._ok_calls: dict[str, str] = {}
         # Set by checkpoint_in_background: the thread's stop event and the thread.
         self._checkpointer: tuple[threading.Event, threading.Thread] | None = None
         self._init_schema()
@@ -423,6 +518,8 @@ class Store:
                 self._migrate_from_1(conn)
             if version is not None and version < 3:
                 self._migrate_to_3(conn)
+            if version is not None and version < 4:
+                self._migrate_to_4(conn)
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
@@ -455,6 +552,14 @@ class Store:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(calls)")}
         if columns and "http_status" not in columns:
             conn.execute("ALTER TABLE calls ADD COLUMN http_status INTEGER")
+
+    @staticmethod
+    def _migrate_to_4(conn: sqlite3.Connection) -> None:
+        """Schema 4 may store a call's prompt against an earlier call (`prompt_base`); the
+        calls recorded before hold their whole prompt (NULL)."""
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(calls)")}
+        if columns and "prompt_base" not in columns:
+            conn.execute("ALTER TABLE calls ADD COLUMN prompt_base TEXT")
 
     @property
     def schema_version(self) -> int:
@@ -610,7 +715,8 @@ class Store:
     @staticmethod
     def _call_params(call: Call, request_json: bytes | None = None,
                      response_json: bytes | None = None,
-                     prompt_blob: bytes | None = None) -> tuple[Any, ...]:
+                     prompt_blob: bytes | None = None,
+                     prompt_base: str | None = None) -> tuple[Any, ...]:
         request = (_pack_json(call.request) if request_json is None
                    else _pack_json_text(request_json, call.request))
         response = (_pack_json(call.response) if response_json is None
@@ -622,7 +728,7 @@ class Store:
             ids_to_blob(call.completion_ids), floats_to_blob(call.logprobs), call.finish_reason,
             json.dumps(call.sampling), call.weight_version, int(call.exact_tokens), call.status,
             call.error, call.body_digest, call.retry_count, json.dumps(call.images),
-            call.started_at, call.finished_at, call.http_status,
+            call.started_at, call.finished_at, call.http_status, prompt_base,
         )
 
     def add_call(self, call: Call, assign_index: bool = False, *,
@@ -659,8 +765,10 @@ class Store:
         commit costs a fixed ~20 system calls (WAL frames, file locks), and with several
         worker processes each commit also makes the others re-read the pages it changed.
         """
-        rows = [self._call_params(c.call, c.request_json, c.response_json, c.prompt_blob)
-                for c in calls]
+        rows = [self._call_params(c.call, c.request_json, c.response_json, c.prompt_blob, base)
+                if base is not None or c.prompt_base is None
+                else self._call_params(c.call, c.request_json, c.response_json)
+                for c, base in zip(calls, self._prompt_bases(calls), strict=True)]
         new_images = self._new_images(calls)
         if len(rows) == 1 and not new_images:
             # One statement is its own transaction (autocommit): as durable, and two
@@ -669,11 +777,40 @@ class Store:
                 self._conn().execute(_INSERT_CALL, rows[0])
             except sqlite3.IntegrityError:
                 raise _duplicate(calls) from None
-            return
-        with self._transaction(calls) as conn:
-            self._insert_images(conn, new_images)
-            conn.executemany(_INSERT_CALL, rows)
-        self._stored_images.update(new_images)
+        else:
+            with self._transaction(calls) as conn:
+                self._insert_images(conn, new_images)
+                conn.executemany(_INSERT_CALL, rows)
+            self._stored_images.update(new_images)
+        ok = self._ok_calls
+        ok.update((c.call.id, c.call.session_id) for c in calls if c.call.status == "ok")
+        if len(ok) > 2 * _OK_CALLS_KEPT:  # keep the latest (dicts keep insertion order)
+            self._ok_calls = dict(list(ok.items())[-_OK_CALLS_KEPT:])
+
+    def _prompt_bases(self, calls: Sequence[NewCall]) -> list[str | None]:
+        """Each call's `prompt_base` where it names an `ok` call of the call's own session,
+        stored already or earlier in `calls`; None where the prompt must be stored whole.
+
+        A delta against anything else could not be read back whole: the base call's row
+        may never have been written (recording it failed and left a bare failed row).
+        """
+        bases: list[str | None] = []
+        earlier: dict[str, str] = {}  # ok call id -> its session, for the calls before
+        for new in calls:
+            base = new.prompt_base
+            if base is not None:
+                session = earlier.get(base) or self._ok_calls.get(base)
+                if session is None:
+                    row = self._conn().execute(
+                        "SELECT session_id FROM calls WHERE id = ? AND status = 'ok'",
+                        (base,)).fetchone()
+                    session = row[0] if row else None
+                if session != new.call.session_id:
+                    base = None
+            bases.append(base)
+            if new.call.status == "ok":
+                earlier[new.call.id] = new.call.session_id
+        return bases
 
     def _new_images(self, calls: Sequence[NewCall]) -> dict[str, tuple[str, bytes]]:
         """The images of `calls` not known to be stored yet, by sha256."""
@@ -705,7 +842,7 @@ class Store:
     def get_call(self, call_id: str) -> Call | None:
         row = self._conn().execute(
             f"SELECT {_CALL_COLUMNS} FROM calls WHERE id = ?", (call_id,)).fetchone()
-        return _row_to_call(row) if row else None
+        return _row_to_call(row, _PromptChains(self._conn())) if row else None
 
     def first_call(self, session_id: str, status: str | None = "ok") -> Call | None:
         """The session's lowest-index call (with this status; any status when None)."""
@@ -714,14 +851,15 @@ class Store:
         row = self._conn().execute(
             f"SELECT {_CALL_COLUMNS} FROM calls WHERE session_id = ?{where} "
             "ORDER BY idx, started_at, id LIMIT 1", params).fetchone()
-        return _row_to_call(row) if row else None
+        return _row_to_call(row, _PromptChains(self._conn())) if row else None
 
     def list_calls(self, session_id: str) -> list[Call]:
         """A session's calls ordered by index."""
         rows = self._conn().execute(
             f"SELECT {_CALL_COLUMNS} FROM calls WHERE session_id = ? ORDER BY idx, started_at, id",
             (session_id,)).fetchall()
-        return [_row_to_call(r) for r in rows]
+        chains = _PromptChains(self._conn())
+        return [_row_to_call(r, chains) for r in rows]
 
     @staticmethod
     def _call_filter(run_id: str | None, session_id: str | None,
@@ -754,12 +892,13 @@ class Store:
             cur = conn.execute(
                 f"SELECT {_CALL_COLUMNS} FROM calls{where} ORDER BY session_id, idx, started_at, id",
                 params)
+            chains = _PromptChains(conn)
             while True:
                 rows = cur.fetchmany(_ITER_BATCH)
                 if not rows:
                     break
                 for row in rows:
-                    yield _row_to_call(row)
+                    yield _row_to_call(row, chains)
         finally:
             conn.close()
 

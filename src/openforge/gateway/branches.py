@@ -31,7 +31,7 @@ import struct
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from openforge.gateway.conversation import ChatRequest, FinishReason, Message, Tool
 from openforge.gateway.model import FastTokenizer, ModelBundle, SessionTexts
@@ -75,6 +75,17 @@ BRANCH_REASONS: tuple[str, ...] = (
 )
 
 
+class Extension(NamedTuple):
+    """The branch a prompt extends, as it was at render time: the prompt starts with exactly
+    `prompt` + `completion`, whose JSON text (without its closing bracket) is `json` ("" if
+    unknown), and which the call `call_id` committed (None when no call id was given)."""
+
+    prompt: array
+    completion: array
+    json: str
+    call_id: str | None
+
+
 class RenderedPrompt:
     """The prompt ids for one call, and which branch of the session they belong to.
 
@@ -95,18 +106,17 @@ class RenderedPrompt:
         self.parent_version = parent_version
         self.message_keys: tuple[int, ...] | None = None
         self.tools_key = 0
-        # The branch's (prompt, completion, JSON text) when prompt_ids starts with exactly
-        # that prompt + completion, as they were at render time: commit then copies arrays,
-        # and the JSON text of the ids is extended, not rebuilt.
-        self.extends: tuple[array, array, str] | None = None
+        # Set when prompt_ids extends a branch: commit then copies arrays, the JSON text of
+        # the ids is extended, not rebuilt, and the store keeps only the new ids.
+        self.extends: Extension | None = None
         self._json: str | None = None
 
     def prompt_json(self) -> str:
         """`prompt_ids` as a compact JSON array, built from the branch's text when it
         extends one (the new ids only are converted)."""
         if self._json is None:
-            if self.extends is not None and self.extends[2]:
-                prompt, completion, text = self.extends
+            if self.extends is not None and self.extends.json:
+                prompt, completion, text, _ = self.extends
                 new = self.prompt_ids[len(prompt) + len(completion):]
                 self._json = f"{text},{','.join(map(str, new))}]" if new else text + "]"
             else:
@@ -133,6 +143,10 @@ class Branch:
     last_prompt_role: str | None = None  # role of the last prompt message of the last call
     # prompt + completion as JSON text without the closing bracket ("[1,2,3"); "" if unknown.
     json: str = ""
+    call_id: str | None = None  # the call that committed prompt + completion, if named
+
+    def extension(self) -> Extension:
+        return Extension(self.prompt, self.completion, self.json, self.call_id)
 
 
 def _message_key(m: Message) -> int:
@@ -334,7 +348,7 @@ class SessionTokens:
                 return self._new_branch(ids, BRANCH_TEMPLATE_REWRITE, request,
                                         keys=keys, tools_key=tools_key)
         out = RenderedPrompt(ids, best.index, bridged=True, parent_version=best.version)
-        out.extends = (best.prompt, best.completion, best.json)
+        out.extends = best.extension()
         return out
 
     def _open(self, request: ChatRequest, keys: tuple[int, ...], tools_key: int,
@@ -435,7 +449,7 @@ class SessionTokens:
                 shares = True
         if best is not None:
             out = RenderedPrompt(ids, best.index, bridged=True, parent_version=best.version)
-            out.extends = (best.prompt, best.completion, best.json)
+            out.extends = best.extension()
             return out
         if not self.branches:
             reason = None
@@ -455,8 +469,10 @@ class SessionTokens:
     # -- commit ---------------------------------------------------------------------------
 
     def commit(self, request: ChatRequest, rendered: RenderedPrompt,
-               completion_ids: Sequence[int], assistant: Message) -> Branch:
-        """Record that `rendered` + `completion_ids` was delivered: extend its branch.
+               completion_ids: Sequence[int], assistant: Message,
+               call_id: str | None = None) -> Branch:
+        """Record that `rendered` + `completion_ids` was delivered (by the call `call_id`,
+        which later prompts of the branch are then stored against): extend its branch.
 
         Call only after the response reached the client, so an aborted call leaves the
         session exactly as it was. Returns the branch the call belongs to: a new one
@@ -483,6 +499,7 @@ class SessionTokens:
         else:
             b.message_keys = None
             self._prompts_seen[hash((0, None, tuple(rendered.prompt_ids)))] = b.index
+        b.call_id = call_id
         b.committed = True
         b.pending_key = None
         b.version += 1
@@ -493,7 +510,7 @@ class SessionTokens:
         """The prompt ids as an array; a bridged prompt reuses its branch's arrays."""
         if rendered.extends is None:
             return ids_array(rendered.prompt_ids)
-        out = rendered.extends[0] + rendered.extends[1]
+        out = rendered.extends.prompt + rendered.extends.completion
         out.extend(ids_array(rendered.prompt_ids[len(out):]))
         return out
 

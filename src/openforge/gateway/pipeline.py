@@ -359,10 +359,17 @@ class CallResponse:
         # the call to a new branch when a concurrent call of the session extended it first.
         async with live.lock:
             branch = live.tokens.commit(chat, rendered, completion_ids,
-                                        self.dialect.history_message(completion))
+                                        self.dialect.history_message(completion), self.call_id)
         reason = branch.reason if branch.index != rendered.branch else rendered.branch_reason
+        # A prompt that extends its branch is stored as the ids after the call it extends.
+        extends = rendered.extends
+        if extends is not None and extends.call_id is not None:
+            base: str | None = extends.call_id
+            prompt_blob = ids_to_blob(branch.prompt[len(extends.prompt) + len(extends.completion):])
+        else:
+            base, prompt_blob = None, ids_to_blob(branch.prompt)
         self._record(rendered, sampling, status="ok", branch=branch.index, branch_reason=reason,
-                     completion_ids=completion_ids, prompt_blob=ids_to_blob(branch.prompt),
+                     completion_ids=completion_ids, prompt_blob=prompt_blob, prompt_base=base,
                      logprobs=logprobs, finish_reason=completion.finish_reason,
                      response=response_body, response_json=body,
                      weight_version=result.weight_version, exact_tokens=exact)
@@ -399,7 +406,7 @@ class CallResponse:
                 completion_ids: list[int] | None = None,
                 logprobs: list[float] | None = None, finish_reason: str | None = None,
                 response: dict[str, Any] | None = None, response_json: bytes | None = None,
-                prompt_blob: bytes | None = None,
+                prompt_blob: bytes | None = None, prompt_base: str | None = None,
                 weight_version: str | None = None, exact_tokens: bool = True,
                 error: str | None = None, http_status: int = 200) -> None:
         live = self.live
@@ -447,7 +454,8 @@ class CallResponse:
             self.state.store.add_call(bare)
 
         self.recorded = self.state.recorder.record(
-            NewCall(call, request_json, response_json, prompt_blob, image_blobs(self.images)),
+            NewCall(call, request_json, response_json, prompt_blob, image_blobs(self.images),
+                    prompt_base),
             record_failure)
 
 

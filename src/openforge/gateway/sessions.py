@@ -248,7 +248,8 @@ class SessionRegistry:
                 rendered.prompt_ids, rendered.extends = list(call.prompt_ids), None
                 assistant, _ = live.tokens.parse(request, call.prompt_ids, call.completion_ids)
                 history = dialect.history_message(Completion(message=assistant))
-                live.tokens.commit(request, rendered, list(call.completion_ids), history)
+                live.tokens.commit(request, rendered, list(call.completion_ids), history,
+                                   call.id)
                 replayed += 1
             except (DialectError, PromptError, KeyError, ValueError, IndexError) as exc:
                 log.warning("session %s: stored call %s not replayed (%s); a later request "
