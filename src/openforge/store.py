@@ -322,14 +322,14 @@ class _PromptChains:
         self.sequences: dict[str, array] = {}  # call id -> its prompt + completion ids
 
     def prompt(self, call_id: str, session_id: str, base: str | None, blob: bytes,
-               completion: bytes, status: str) -> list[int]:
+               completion: array, status: str) -> list[int]:
         if session_id != self.session:
             self.session, self.sequences = session_id, {}
         ids = blob_to_array(blob)
         if base is not None:
             ids = self._sequence(base, call_id) + ids
         if status == "ok":  # only ok calls are ever bases
-            self._keep(call_id, ids + blob_to_array(completion))
+            self._keep(call_id, ids + completion)
         return ids.tolist()
 
     def _keep(self, call_id: str, sequence: array) -> None:
@@ -368,14 +368,14 @@ def _row_to_call(row: sqlite3.Row | tuple[Any, ...], chains: _PromptChains) -> C
      completion_ids, logprobs, finish_reason, sampling, weight_version, exact_tokens, status,
      error, body_digest, retry_count, images, started_at, finished_at, http_status,
      prompt_base) = row
+    completion = blob_to_array(completion_ids)
     # model_construct: the row was validated when it was written; re-validating every token
     # list on read would dominate export time.
     return Call.model_construct(
         id=cid, session_id=session_id, index=idx, branch=branch, branch_reason=branch_reason,
         dialect=dialect, request=_unpack_json(request) or {}, response=_unpack_json(response),
-        prompt_ids=chains.prompt(cid, session_id, prompt_base, prompt_ids, completion_ids,
-                                 status),
-        completion_ids=blob_to_ids(completion_ids),
+        prompt_ids=chains.prompt(cid, session_id, prompt_base, prompt_ids, completion, status),
+        completion_ids=completion.tolist(),
         logprobs=blob_to_floats(logprobs), finish_reason=finish_reason,
         sampling=json.loads(sampling), weight_version=weight_version,
         exact_tokens=bool(exact_tokens), status=status, error=error, body_digest=body_digest,
@@ -765,10 +765,11 @@ class Store:
         commit costs a fixed ~20 system calls (WAL frames, file locks), and with several
         worker processes each commit also makes the others re-read the pages it changed.
         """
-        rows = [self._call_params(c.call, c.request_json, c.response_json, c.prompt_blob, base)
-                if base is not None or c.prompt_base is None
-                else self._call_params(c.call, c.request_json, c.response_json)
-                for c, base in zip(calls, self._prompt_bases(calls), strict=True)]
+        rows = []
+        for c, base in zip(calls, self._prompt_bases(calls), strict=True):
+            # A base refused: the prompt is stored whole, from the call's own ids.
+            blob = c.prompt_blob if base == c.prompt_base else None
+            rows.append(self._call_params(c.call, c.request_json, c.response_json, blob, base))
         new_images = self._new_images(calls)
         if len(rows) == 1 and not new_images:
             # One statement is its own transaction (autocommit): as durable, and two

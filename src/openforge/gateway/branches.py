@@ -111,6 +111,14 @@ class RenderedPrompt:
         self.extends: Extension | None = None
         self._json: str | None = None
 
+    def stored_as(self, prompt: array) -> tuple[str | None, array]:
+        """How the store keeps `prompt` (this call's ids as committed): the call it extends
+        and the ids after that call's prompt + completion, or (None, all of them)."""
+        extends = self.extends
+        if extends is None or extends.call_id is None:
+            return None, prompt
+        return extends.call_id, prompt[len(extends.prompt) + len(extends.completion):]
+
     def prompt_json(self) -> str:
         """`prompt_ids` as a compact JSON array, built from the branch's text when it
         extends one (the new ids only are converted)."""

@@ -361,15 +361,9 @@ class CallResponse:
             branch = live.tokens.commit(chat, rendered, completion_ids,
                                         self.dialect.history_message(completion), self.call_id)
         reason = branch.reason if branch.index != rendered.branch else rendered.branch_reason
-        # A prompt that extends its branch is stored as the ids after the call it extends.
-        extends = rendered.extends
-        if extends is not None and extends.call_id is not None:
-            base: str | None = extends.call_id
-            prompt_blob = ids_to_blob(branch.prompt[len(extends.prompt) + len(extends.completion):])
-        else:
-            base, prompt_blob = None, ids_to_blob(branch.prompt)
+        base, added = rendered.stored_as(branch.prompt)
         self._record(rendered, sampling, status="ok", branch=branch.index, branch_reason=reason,
-                     completion_ids=completion_ids, prompt_blob=prompt_blob, prompt_base=base,
+                     completion_ids=completion_ids, prompt_blob=ids_to_blob(added), prompt_base=base,
                      logprobs=logprobs, finish_reason=completion.finish_reason,
                      response=response_body, response_json=body,
                      weight_version=result.weight_version, exact_tokens=exact)
