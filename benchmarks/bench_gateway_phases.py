@@ -55,6 +55,7 @@ import json
 import sqlite3
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -154,10 +155,12 @@ class InstantEngine(Engine):
     def __init__(self, model: Any, completion: list[int]) -> None:
         super().__init__(model=model)
         self.completion = completion
-        self.prompts: dict[str, list[int]] = {}
+        self.prompts: dict[str, Sequence[int]] = {}
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        self.prompts[request.request_id] = request.prompt_ids  # a reference: no CPU to speak of
+        # A copy (one memcpy of the gateway's int32 array), so that ids changed after they
+        # were sent would show in the check against the store.
+        self.prompts[request.request_id] = request.prompt_ids[:]
         ids = list(self.completion)
         return GenerateResult.model_construct(completion_ids=ids, logprobs=[-0.5] * len(ids),
                                               finish_reason="stop", completion=None,
@@ -172,11 +175,11 @@ WAYS = ("pipeline alone", "GatewayApp", "its Starlette app")
 app (`create_app`), or the Starlette app behind it (router and middlewares included)."""
 
 
-def stored_prompts(store: Store, sent: dict[str, list[int]]) -> str:
+def stored_prompts(store: Store, sent: dict[str, Sequence[int]]) -> str:
     """What the store holds of the prompts the engine was sent (it stops if a prompt reads
     back other than sent): bytes of prompt ids stored against those of the whole prompts."""
     for call in store.iter_calls():
-        if call.prompt_ids != sent[call.id]:
+        if call.prompt_ids != list(sent[call.id]):  # the gateway sends an int32 array
             sys.exit(f"call {call.id}: the store reads back another prompt than sent: a bug")
     with sqlite3.connect(store.path) as db:
         calls, deltas, stored = db.execute(

@@ -229,6 +229,37 @@ def test_concurrent_calls_on_one_branch_fork_on_commit(tiny_bundle):
     assert b.prompt_ids == a.prompt_ids and list(second.prompt) == b.prompt_ids
 
 
+def test_a_bridged_prompt_is_an_array_of_its_own_that_its_commit_keeps(tiny_bundle):
+    # The gateway hands the engine and the store `RenderedPrompt.prompt` (an int32 array)
+    # and the commit keeps that very array as the branch's prompt: no prompt may share its
+    # array with another, or a later call would change what an earlier one recorded.
+    from array import array
+
+    tokens = SessionTokens(tiny_bundle)
+    messages, _ = _tool_conversation(tokens, tiny_bundle, 2)
+    req = chat(messages, [SHELL_TOOL])
+    a, b = tokens.render(req), tokens.render(req)
+    assert a.bridged and isinstance(a.prompt, array) and a.prompt.typecode == "i"
+    assert a.prompt is not b.prompt and a.prompt_ids == b.prompt_ids
+    extends = a.extends
+    assert extends is not None and len(a.prompt) > len(extends.prompt) + len(extends.completion)
+    assert a.prompt[:len(extends.prompt) + len(extends.completion)] == (
+        extends.prompt + extends.completion)
+    before = a.prompt_ids
+    reply = Message(role="assistant", content="ok")
+    comp = assistant_turn_ids(tiny_bundle, messages, reply)
+    kept, forked = tokens.commit(req, a, comp, reply), tokens.commit(req, b, comp, reply)
+    assert kept.prompt is a.prompt and forked.prompt is b.prompt
+    later = chat([*messages, reply, Message(role="user", content="more?")], [SHELL_TOOL])
+    c = tokens.render(later)
+    assert c.extends is not None and c.prompt is not kept.prompt
+    tokens.commit(later, c, comp, reply)
+    assert a.prompt_ids == before and a.prompt_ids == c.prompt_ids[:len(before)]
+    ids = a.prompt_ids
+    ids.append(0)  # a caller's list is a copy
+    assert a.prompt_ids == before
+
+
 def test_a_prompt_names_the_call_it_extends_also_when_its_commit_forks(tiny_bundle):
     # What the store keeps a prompt against (`Extension.call_id`): the call that committed
     # the ids the prompt starts with, as they were when it was rendered.
@@ -478,8 +509,11 @@ def test_a_bridge_reads_the_prompt_from_its_last_turn_only(tiny_bundle, monkeypa
                 return _real(previous, *args, **kwargs)
 
             monkeypatch.setattr(renderer, "bridge_to_next_turn", spy)
-            got = bridge(renderer, array("i", prompt), array("i", completion), new, [SHELL_TOOL])
+            added = bridge(renderer, array("i", prompt), array("i", completion), new,
+                           [SHELL_TOOL])
             monkeypatch.undo()
+            # Only the ids after prompt + completion come back: the caller appends them.
+            got = None if added is None else [*prompt, *completion, *added]
             assert got == expected
             assert seen and seen[0] <= 8 < len(prompt)  # "<|im_end|>\n<|im_start|>assistant\n..."
             declined.append(got is None)
@@ -489,7 +523,7 @@ def test_a_bridge_reads_the_prompt_from_its_last_turn_only(tiny_bundle, monkeypa
 def test_a_renderer_not_known_to_read_only_the_last_turn_gets_the_whole_prompt(tiny_bundle):
     """A subclass (or another family: Qwen3-VL counts the images of the whole prompt) may
     read all of it, so it is handed all of it."""
-    from openforge.gateway.render import bridge
+    from openforge.gateway.render import bridge, renderer_tools
 
     seen: list[int] = []
 
@@ -501,9 +535,11 @@ def test_a_renderer_not_known_to_read_only_the_last_turn_gets_the_whole_prompt(t
     renderer = Counting.__new__(Counting)
     renderer.__dict__.update(tiny_bundle.renderer.__dict__)
     prompt, completion, new = next(_bridge_cases(tiny_bundle))
-    ids = bridge(renderer, prompt, completion, new, [SHELL_TOOL])
+    added = bridge(renderer, prompt, completion, new, [SHELL_TOOL])
     assert seen == [len(prompt)]
-    assert ids is not None and ids[:len(prompt)] == list(prompt)
+    whole = tiny_bundle.renderer.bridge_to_next_turn(list(prompt), list(completion), new,
+                                                     tools=renderer_tools([SHELL_TOOL]))
+    assert added is not None and added == list(whole.token_ids)[len(prompt) + len(completion):]
 
 
 def test_sessions_that_open_alike_share_the_first_render(tiny_bundle, monkeypatch):

@@ -143,7 +143,7 @@ def _count_tokens_route(dialect_name: str) -> Callable[[Request], Awaitable[Resp
             if state.bundle.multimodal:
                 resolve_images(chat, state.image_policy)
             # A throwaway token cache: counting must not open branches in the session's own.
-            return len(SessionTokens(state.bundle).render(chat).prompt_ids)
+            return len(SessionTokens(state.bundle).render(chat).prompt)
 
         try:
             n = await state.off_loop(count)

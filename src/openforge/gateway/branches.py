@@ -89,27 +89,35 @@ class Extension(NamedTuple):
 class RenderedPrompt:
     """The prompt ids for one call, and which branch of the session they belong to.
 
-    `bridged` is True when the ids of an earlier call were reused verbatim. The branch a
-    call is recorded on is the one `SessionTokens.commit` returns: it differs from
-    `branch` when another call extended the same branch first.
+    `prompt` is the ids as an int32 array that this prompt owns: a commit keeps it as its
+    branch's prompt, and a bridged prompt is its branch's ids with the new ones appended
+    (a copy of 4 bytes per id, not a list of Python ints per call). `bridged` is True when
+    the ids of an earlier call were reused verbatim. The branch a call is recorded on is
+    the one `SessionTokens.commit` returns: it differs from `branch` when another call
+    extended the same branch first.
     """
 
-    __slots__ = ("prompt_ids", "branch", "branch_reason", "bridged", "parent_version",
+    __slots__ = ("prompt", "branch", "branch_reason", "bridged", "parent_version",
                  "message_keys", "tools_key", "extends", "_json")
 
-    def __init__(self, prompt_ids: list[int], branch: int, branch_reason: str | None = None,
+    def __init__(self, prompt: Sequence[int], branch: int, branch_reason: str | None = None,
                  *, bridged: bool = False, parent_version: int = -1) -> None:
-        self.prompt_ids = prompt_ids
+        self.prompt = prompt if isinstance(prompt, array) else ids_array(prompt)
         self.branch = branch
         self.branch_reason = branch_reason
         self.bridged = bridged
         self.parent_version = parent_version
         self.message_keys: tuple[int, ...] | None = None
         self.tools_key = 0
-        # Set when prompt_ids extends a branch: commit then copies arrays, the JSON text of
-        # the ids is extended, not rebuilt, and the store keeps only the new ids.
+        # Set when the prompt extends a branch: the JSON text of the ids is extended, not
+        # rebuilt, and the store keeps only the new ids.
         self.extends: Extension | None = None
         self._json: str | None = None
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The prompt ids as a list (a copy: the gateway's own path reads `prompt`)."""
+        return self.prompt.tolist()
 
     def stored_as(self, prompt: array) -> tuple[str | None, array]:
         """How the store keeps `prompt` (this call's ids as committed): the call it extends
@@ -120,15 +128,15 @@ class RenderedPrompt:
         return extends.call_id, prompt[len(extends.prompt) + len(extends.completion):]
 
     def prompt_json(self) -> str:
-        """`prompt_ids` as a compact JSON array, built from the branch's text when it
+        """The prompt ids as a compact JSON array, built from the branch's text when it
         extends one (the new ids only are converted)."""
         if self._json is None:
             if self.extends is not None and self.extends.json:
                 prompt, completion, text, _ = self.extends
-                new = self.prompt_ids[len(prompt) + len(completion):]
+                new = self.prompt[len(prompt) + len(completion):]
                 self._json = f"{text},{','.join(map(str, new))}]" if new else text + "]"
             else:
-                self._json = _encode_ids(self.prompt_ids)
+                self._json = _encode_ids(self.prompt.tolist())
         return self._json
 
 
@@ -308,10 +316,10 @@ class SessionTokens:
                 out = self._open(request, keys, tools_key, system_key)
         out.message_keys = keys
         out.tools_key = tools_key
-        self._check_length(out.prompt_ids)
+        self._check_length(out.prompt)
         return out
 
-    def _check_length(self, ids: list[int]) -> None:
+    def _check_length(self, ids: Sequence[int]) -> None:
         limit = self.bundle.context_length
         if limit and len(ids) >= limit:
             raise ContextLengthError(len(ids), limit)
@@ -348,14 +356,18 @@ class SessionTokens:
         if self.policy == "append" and self.bundle.append_renderer is not None:
             renderer = self.bundle.append_renderer
         dicts = self._renderer_dicts(request.messages)
-        ids = bridge(renderer, best.prompt, best.completion, dicts[n_old:], request.tools)
-        if ids is None:
+        added = bridge(renderer, best.prompt, best.completion, dicts[n_old:], request.tools)
+        if added is None:
             previous = best.prompt.tolist() + best.completion.tolist()
             ids = self._full_render(request)
             if ids[:len(previous)] != previous:
                 return self._new_branch(ids, BRANCH_TEMPLATE_REWRITE, request,
                                         keys=keys, tools_key=tools_key)
-        out = RenderedPrompt(ids, best.index, bridged=True, parent_version=best.version)
+            prompt = ids_array(ids)
+        else:
+            prompt = best.prompt + best.completion
+            prompt.fromlist(added)
+        out = RenderedPrompt(prompt, best.index, bridged=True, parent_version=best.version)
         out.extends = best.extension()
         return out
 
@@ -469,7 +481,7 @@ class SessionTokens:
 
     # -- parse ----------------------------------------------------------------------------
 
-    def parse(self, request: ChatRequest, prompt_ids: list[int],
+    def parse(self, request: ChatRequest, prompt_ids: Sequence[int],
               completion_ids: list[int]) -> tuple[Message, FinishReason]:
         """The assistant message in `completion_ids` (stop tokens stripped) and why it ended."""
         return parse_completion(self.bundle, request, prompt_ids, completion_ids)
@@ -494,7 +506,7 @@ class SessionTokens:
                        tools_key=b.tools_key, system_key=b.system_key, has_tools=b.has_tools)
             self.branches.append(b)
         prompt_json = rendered.prompt_json()
-        b.prompt = self._prompt_array(rendered)
+        b.prompt = rendered.prompt
         b.completion = ids_array(completion_ids)
         b.json = (f"{prompt_json[:-1]},{','.join(map(str, completion_ids))}" if completion_ids
                   else prompt_json[:-1])
@@ -506,21 +518,12 @@ class SessionTokens:
             self._prompts_seen[hash((rendered.tools_key, keys))] = b.index
         else:
             b.message_keys = None
-            self._prompts_seen[hash((0, None, tuple(rendered.prompt_ids)))] = b.index
+            self._prompts_seen[hash((0, None, tuple(rendered.prompt)))] = b.index
         b.call_id = call_id
         b.committed = True
         b.pending_key = None
         b.version += 1
         return b
-
-    @staticmethod
-    def _prompt_array(rendered: RenderedPrompt) -> array:
-        """The prompt ids as an array; a bridged prompt reuses its branch's arrays."""
-        if rendered.extends is None:
-            return ids_array(rendered.prompt_ids)
-        out = rendered.extends.prompt + rendered.extends.completion
-        out.extend(ids_array(rendered.prompt_ids[len(out):]))
-        return out
 
     # -- accounting -----------------------------------------------------------------------
 

@@ -199,7 +199,7 @@ class CallResponse:
         limit = self.state.bundle.context_length
         if limit:
             # Ask for no more than the context has room for (the prompt fits: render checked).
-            room = limit - len(rendered.prompt_ids)
+            room = limit - len(rendered.prompt)
             if sampling.max_tokens > room:
                 sampling = sampling.model_copy(update={"max_tokens": room})
         return sampling
@@ -223,7 +223,7 @@ class CallResponse:
         # model_construct: every field is set here from typed values; validating the
         # prompt's thousands of ids again would cost more than the rest of the request.
         request = GenerateRequest.model_construct(
-            prompt_ids=rendered.prompt_ids, prompt_json=rendered.prompt_json(), sampling=sampling,
+            prompt_ids=rendered.prompt, prompt_json=rendered.prompt_json(), sampling=sampling,
             stop_token_ids=state.stop_token_ids, session_id=live.session.id,
             request_id=self.call_id, chat=chat)
         generation = asyncio.ensure_future(state.engine.generate(request))
@@ -322,13 +322,13 @@ class CallResponse:
             completion_ids, logprobs = result.completion_ids, result.logprobs
             if len(completion_ids) > _PARSE_INLINE_IDS:
                 assistant, finish = await state.off_loop(
-                    live.tokens.parse, chat, rendered.prompt_ids, completion_ids)
+                    live.tokens.parse, chat, rendered.prompt, completion_ids)
             else:
-                assistant, finish = live.tokens.parse(chat, rendered.prompt_ids, completion_ids)
+                assistant, finish = live.tokens.parse(chat, rendered.prompt, completion_ids)
             if result.finish_reason == "length":
                 finish = "length"
         completion = Completion.model_construct(
-            message=assistant, finish_reason=finish, prompt_tokens=len(rendered.prompt_ids),
+            message=assistant, finish_reason=finish, prompt_tokens=len(rendered.prompt),
             completion_tokens=len(completion_ids), reasoning_tokens=0, cached_tokens=0)
         model = chat.model or state.config.served_model_name
         created = int(self.started_at)
@@ -414,15 +414,16 @@ class CallResponse:
             stats.ok += 1
         else:
             stats.failed += 1
-        stats.prompt_tokens += len(rendered.prompt_ids)
+        stats.prompt_tokens += len(rendered.prompt)
         stats.completion_tokens += len(completion_ids or ())
         # model_construct: every field is built here from typed values; validating
         # thousands of token ids again per call would be the gateway's largest CPU cost.
+        # The prompt stays the int32 array the session keeps: the store reads it as one.
         call = Call.model_construct(
             id=self.call_id, session_id=live.session.id, branch=branch,
             branch_reason=branch_reason, index=index,
             dialect=self.dialect_name, request=request, response=response,
-            prompt_ids=rendered.prompt_ids, completion_ids=completion_ids or [],
+            prompt_ids=rendered.prompt, completion_ids=completion_ids or [],
             logprobs=logprobs or [], finish_reason=finish_reason,
             sampling=sampling.model_dump(),
             weight_version=weight_version or self.state.engine.weight_version

@@ -161,10 +161,13 @@ _BRIDGES_FROM_LAST_TURN = frozenset({("renderers.qwen3", "Qwen3Renderer")})
 
 def bridge(renderer: Any, prompt: Sequence[int], completion: Sequence[int],
            messages: list[dict[str, Any]], tools: list[Tool]) -> list[int] | None:
-    """`prompt + completion` extended by `messages` and a generation prompt, or None when
-    the renderer declines (or cannot) bridge this shape, or its result does not start with
-    `prompt + completion` verbatim (everything the engine saw and produced must be there;
-    a bridge may add a turn close after a truncated completion)."""
+    """The ids that extend `prompt + completion` by `messages` and a generation prompt, or
+    None when the renderer declines (or cannot) bridge this shape, or its result does not
+    start with `prompt + completion` verbatim (everything the engine saw and produced must
+    be there; a bridge may add a turn close after a truncated completion).
+
+    Only the added ids are returned: the caller appends them to the ids it holds, so a
+    long conversation is never copied into a list of Python ints per call."""
     cut = 0
     kind = type(renderer)
     if (kind.__module__, kind.__qualname__) in _BRIDGES_FROM_LAST_TURN:
@@ -178,9 +181,10 @@ def bridge(renderer: Any, prompt: Sequence[int], completion: Sequence[int],
     if bridged is None:
         return None
     ids = list(bridged.token_ids)
-    if ids[:len(tail)] != tail or ids[len(tail):len(tail) + len(done)] != done:
+    start = len(tail) + len(done)
+    if ids[:len(tail)] != tail or ids[len(tail):start] != done:
         return None
-    return _ids_list(prompt[:cut]) + ids if cut else ids
+    return ids[start:]
 
 
 def _ids_list(ids: Sequence[int]) -> list[int]:
@@ -206,7 +210,7 @@ def new_tool_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def parse_completion(bundle: ModelBundle, request: ChatRequest, prompt_ids: list[int],
+def parse_completion(bundle: ModelBundle, request: ChatRequest, prompt_ids: Sequence[int],
                      completion_ids: list[int]) -> tuple[Message, FinishReason]:
     """Completion ids -> assistant Message (content, reasoning, tool calls) + finish reason.
 

@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from openforge.gateway.branches import RenderPolicy, SessionTokens
+from openforge.gateway.branches import RenderPolicy, SessionTokens, ids_array
 from openforge.gateway.dialects.memo import HistoryMemo
 from openforge.gateway.model import ModelBundle
 from openforge.gateway.render import PromptError
@@ -245,7 +245,7 @@ class SessionRegistry:
                 if call.status != "ok":
                     continue
                 # The stored ids are the ones the engine saw: keep them, not the re-render.
-                rendered.prompt_ids, rendered.extends = list(call.prompt_ids), None
+                rendered.prompt, rendered.extends = ids_array(call.prompt_ids), None
                 assistant, _ = live.tokens.parse(request, call.prompt_ids, call.completion_ids)
                 history = dialect.history_message(Completion(message=assistant))
                 live.tokens.commit(request, rendered, list(call.completion_ids), history,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
@@ -37,12 +38,16 @@ class EngineConfigError(OpenforgeError):
 class GenerateRequest(BaseModel):
     """One generation. `chat` is the parsed request, for text-only engines and scripts.
 
+    `prompt_ids` is a sequence of ints: from the gateway, the int32 `array` its session
+    keeps (building a list of a long prompt's ids on every call would cost more than
+    sending them); `list(request.prompt_ids)` where a list is needed.
+
     `prompt_json`, when set, is `prompt_ids` as a compact JSON array (`[1,2,3]`): the
     gateway keeps it per branch and extends it by the new ids only, so an engine that sends
     the prompt as JSON need not encode thousands of ids again on every call.
     """
 
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]
     prompt_json: str | None = None
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     stop_token_ids: list[int] = Field(default_factory=list)

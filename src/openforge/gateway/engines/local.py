@@ -174,7 +174,7 @@ class LocalEngine(Engine):
         async with lock:
             try:
                 ids, logprobs, finish = await asyncio.to_thread(
-                    self._generate_sync, request.prompt_ids, request.sampling, stop_ids,
+                    self._generate_sync, list(request.prompt_ids), request.sampling, stop_ids,
                     cancelled)
             except asyncio.CancelledError:
                 # The client went away: stop the worker thread at its next token instead of
