@@ -31,8 +31,10 @@ pipeline) and the Starlette app behind it (router and middlewares too), interlea
 by call; the difference to the pipeline alone is what each way adds.
 
 After each profile it reads every call back from the store, stops if a prompt reads back
-other than the engine was sent, and prints how many bytes of prompt ids the store holds
-against the whole prompts' (a prompt that extends its branch is stored as its new ids).
+other than the engine was sent or a request body other than the client sent, and prints
+how many bytes of prompt ids the store holds against the whole prompts' (a prompt that
+extends its branch is stored as its new ids), and of request bodies against those sent
+(a body above 4096 bytes is stored as a delta against the body of the call it extends).
 
 After each profile it also tokenizes the texts the load gave `encode_long` again, in the same
 order, with the `tokenizers` library alone and with the ASCII path in front of it
@@ -51,6 +53,7 @@ import argparse
 import asyncio
 import collections
 import functools
+import itertools
 import json
 import sqlite3
 import sys
@@ -175,20 +178,36 @@ WAYS = ("pipeline alone", "GatewayApp", "its Starlette app")
 app (`create_app`), or the Starlette app behind it (router and middlewares included)."""
 
 
-def stored_prompts(store: Store, sent: dict[str, Sequence[int]]) -> str:
-    """What the store holds of the prompts the engine was sent (it stops if a prompt reads
-    back other than sent): bytes of prompt ids stored against those of the whole prompts."""
-    for call in store.iter_calls():
+def stored_calls(store: Store, sent: dict[str, Sequence[int]],
+                 bodies: dict[str, list[bytes]]) -> str:
+    """What the store holds of the prompts the engine was sent and of the request bodies
+    (it stops if a prompt or a body reads back other than sent): its bytes of each against
+    those of the whole prompts and bodies."""
+    for session_id, sent_bodies in bodies.items():
+        calls = store.list_calls(session_id)
+        if [c.request for c in calls] != [json.loads(b) for b in sent_bodies]:
+            sys.exit(f"session {session_id}: the store reads back other requests than sent: "
+                     "a bug")
+    for call in store.iter_calls(run_id="bench"):
         if call.prompt_ids != list(sent[call.id]):  # the gateway sends an int32 array
             sys.exit(f"call {call.id}: the store reads back another prompt than sent: a bug")
     with sqlite3.connect(store.path) as db:
-        calls, deltas, stored = db.execute(
-            "SELECT COUNT(*), SUM(prompt_base IS NOT NULL), SUM(LENGTH(prompt_ids)) FROM calls"
+        # An openforge before store schema 5 (an A/B base) has no request_base column.
+        columns = {row[1] for row in db.execute("PRAGMA table_info(calls)")}
+        against = "request_base IS NOT NULL" if "request_base" in columns else "0"
+        calls, deltas, stored, request_deltas, requests = db.execute(
+            "SELECT COUNT(*), SUM(prompt_base IS NOT NULL), SUM(LENGTH(prompt_ids)), "
+            f"SUM({against}), SUM(LENGTH(CAST(request AS BLOB))) FROM calls "
+            "WHERE session_id IN (SELECT id FROM sessions WHERE run_id = 'bench')"
         ).fetchone()
     whole = 4 * sum(len(ids) for ids in sent.values())
+    sent_bytes = sum(len(b) for b in itertools.chain(*bodies.values()))
     return (f"prompt ids stored: {stored / 1e6:.2f} MB for {whole / 1e6:.2f} MB of whole prompts "
             f"({stored / whole:.3f} of it; {deltas} of {calls} calls stored against an earlier "
-            "call, every prompt read back as sent)")
+            f"call, every prompt read back as sent)\n  request bodies stored: "
+            f"{requests / 1e6:.2f} MB for {sent_bytes / 1e6:.2f} MB sent ({requests / sent_bytes:.3f} "
+            f"of it; {request_deltas} of {calls} stored against an earlier call's, every body "
+            "read back as sent)")
 
 
 async def replay(profile: str, sessions: int, turns: int, ways: tuple[str, ...] = WAYS[:1]
@@ -209,8 +228,9 @@ async def replay(profile: str, sessions: int, turns: int, ways: tuple[str, ...] 
         state = GatewayState(GatewayConfig(), store, engine, bundle)
         app = create_app(state)
         entries = {"GatewayApp": app, "its Starlette app": app.starlette}
-        tokens = [state.sessions.open(run_id="bench", task_id=f"t{k}").token
-                  for k in range(sessions)]
+        opened = [state.sessions.open(run_id="bench", task_id=f"t{k}") for k in range(sessions)]
+        tokens = [session.token for session in opened]
+        bodies: dict[str, list[bytes]] = {session.id: [] for session in opened}
         histories = [bench.first_messages(k) for k in range(sessions)]
         cpu = dict.fromkeys(ways, 0.0)
         counts = dict.fromkeys(ways, 0)
@@ -218,10 +238,10 @@ async def replay(profile: str, sessions: int, turns: int, ways: tuple[str, ...] 
             # One uncounted call through each way first, on sessions of its own: the first
             # call through a code path pays for warming it up.
             for i, way in enumerate(ways):
-                opened = state.sessions.open(run_id="bench", task_id=f"warm{i}")
+                warm = state.sessions.open(run_id="warm", task_id=f"warm{i}")
                 body = json.dumps({"model": "policy", "messages": bench.first_messages(
                     sessions + i), "tools": [bench.SHELL], "max_tokens": 128}).encode()
-                await _enter(way, state, opened.token, body, entries)
+                await _enter(way, state, warm.token, body, entries)
         for turn in range(turns):
             for k, messages in enumerate(histories):
                 body = json.dumps({"model": "policy", "messages": messages,
@@ -230,12 +250,13 @@ async def replay(profile: str, sessions: int, turns: int, ways: tuple[str, ...] 
                 t0 = time.process_time()
                 sent = await _enter(way, state, tokens[k], body, entries)
                 cpu[way] += time.process_time() - t0
+                bodies[opened[k].id].append(body)
                 counts[way] += 1
                 answer = json.loads(sent[-1]["body"])["choices"][0]["message"]
                 bench.next_turn(messages, answer, profile, turn, k)
         merge = bench.merge_rate(store.path)
         state.close()
-        stored = stored_prompts(store, engine.prompts)
+        stored = stored_calls(store, engine.prompts, bodies)
         store.close()
     return ({way: cpu[way] / max(counts[way], 1) for way in ways}, sessions * turns, merge,
             stored)

@@ -71,10 +71,10 @@ def anthropic_client(gw: Gateway, session: Session) -> anthropic.AsyncAnthropic:
                                     api_key=session.token, max_retries=0)
 
 
-async def run_tool_conversation(c: openai.AsyncOpenAI, first: str, max_turns: int = 20
-                                ) -> list[dict[str, Any]]:
+async def run_tool_conversation(c: openai.AsyncOpenAI, first: str, max_turns: int = 20,
+                                system: str = "You are an agent.") -> list[dict[str, Any]]:
     """Drive a harness-like tool loop until the model answers without tool calls."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."},
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system},
                                       {"role": "user", "content": first}]
     for _ in range(max_turns):
         r = await c.chat.completions.create(model="policy", messages=messages, tools=[SHELL])
@@ -117,7 +117,10 @@ def assert_matches_engine_log(gw: Gateway, calls: list[Call]) -> None:
 
 async def test_ten_turn_tool_conversation_stays_on_one_branch(gateway: Gateway, store: Store) -> None:
     session = gateway.open_session(run_id="run1", task_id="t1")
-    messages = await run_tool_conversation(client(gateway, session), "do ten steps")
+    # A harness-sized system prompt: its bodies are large enough to be stored compressed.
+    system = "You are an agent. " + "Read before you edit; test after. " * 150
+    messages = await run_tool_conversation(client(gateway, session), "do ten steps",
+                                           system=system)
     assert messages[-1]["content"] == "All done."
     calls = store.list_calls(session.id)
     assert len(calls) == 10
@@ -134,6 +137,13 @@ async def test_ten_turn_tool_conversation_stays_on_one_branch(gateway: Gateway, 
     for prev, call, (base, n) in zip(calls[:-1], calls[1:], stored[1:], strict=True):
         assert (base, n) == (prev.id, len(call.prompt_ids) - len(prev.prompt_ids)
                              - len(prev.completion_ids))
+    # So is each request body after the first, against the body before; every body reads
+    # back as sent.
+    request_bases = [row[0] for row in store._conn().execute(
+        "SELECT request_base FROM calls WHERE session_id = ? ORDER BY idx", (session.id,))]
+    assert request_bases == [None, *(c.id for c in calls[:-1])]
+    assert calls[-1].request["messages"] == messages[:-1]  # all but the final answer
+    assert [len(c.request["messages"]) for c in calls] == list(range(2, 21, 2))
     first = calls[0]
     assert first.dialect == "chat" and first.status == "ok" and first.exact_tokens
     assert first.finish_reason == "tool_calls" and calls[-1].finish_reason == "stop"

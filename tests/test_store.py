@@ -302,7 +302,7 @@ def _old_store(path: Path, version: int, *new_columns: str) -> Path:
 
 
 def test_a_schema_2_store_gains_the_calls_http_status(tmp_path: Path) -> None:
-    path = _old_store(tmp_path / "old.sqlite", 2, "http_status", "prompt_base")
+    path = _old_store(tmp_path / "old.sqlite", 2, "http_status", "prompt_base", "request_base")
     with Store(path) as store:
         assert store.schema_version == SCHEMA_VERSION
         old = store.get_call("c1")
@@ -314,7 +314,7 @@ def test_a_schema_2_store_gains_the_calls_http_status(tmp_path: Path) -> None:
 
 def test_a_schema_3_store_gains_prompt_bases_and_reads_its_whole_prompts(
         tmp_path: Path) -> None:
-    path = _old_store(tmp_path / "old.sqlite", 3, "prompt_base")
+    path = _old_store(tmp_path / "old.sqlite", 3, "prompt_base", "request_base")
     with Store(path) as store:
         assert store.schema_version == SCHEMA_VERSION
         first = store.get_call("c1")
@@ -429,6 +429,162 @@ def test_a_prompt_whose_base_is_gone_or_circular_is_a_clear_error(store: Store) 
     with pytest.raises(StoreError, match="call 'c1': .*against call 'c0', which this store "
                                          "does not hold"):
         list(store.iter_calls())
+
+
+def _body(turns: int, filler: str) -> tuple[dict[str, object], bytes]:
+    """A chat request after `turns` tool turns, as a value and as the bytes a harness sent
+    (its tools and options after the messages, as harnesses order them)."""
+    messages: list[dict[str, object]] = [
+        {"role": "system", "content": "You are a coding agent. " + filler},
+        {"role": "user", "content": "Count the lines of every file."}]
+    for i in range(turns):
+        messages += [{"role": "assistant", "content": "", "tool_calls": [
+                         {"id": f"c{i}", "type": "function",
+                          "function": {"name": "shell", "arguments": f'{{"cmd":"wc -l f{i}"}}'}}]},
+                     {"role": "tool", "tool_call_id": f"c{i}",
+                      "content": "\n".join(f"{i * 7 + j} f{i}/{j}.py" for j in range(40))}]
+    value = {"model": "policy", "messages": messages,
+             "tools": [{"type": "function", "function": {"name": "shell"}}], "stream": False}
+    return value, json.dumps(value).encode()
+
+
+def _turns(session: str, n: int, filler: str = "Check your work. " * 200) -> list[NewCall]:
+    """A session's `n` calls, each body the one before with a tool turn added, and each
+    prompt stored against the call before (as the gateway records a branch)."""
+    calls: list[NewCall] = []
+    for i in range(n):
+        value, raw = _body(i, filler)
+        call = make_call(f"{session}-{i}", session_id=session, index=i).model_copy(
+            update={"request": value})
+        if calls:
+            new = _extending(call, calls[-1].call, [9], call.id, i)
+            calls.append(new._replace(request_json=raw))
+        else:
+            calls.append(NewCall(call, request_json=raw))
+    return calls
+
+
+def _stored_request(store: Store, call_id: str) -> tuple[str | None, str | bytes]:
+    return store._conn().execute(
+        "SELECT request_base, request FROM calls WHERE id = ?", (call_id,)).fetchone()
+
+
+@pytest.mark.parametrize("bases_kept", [16, 0])  # 0: every base read from the file
+def test_requests_stored_against_earlier_calls_read_back_whole_from_every_reader(
+        tmp_path: Path, bases_kept: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_module, "_BASES_KEPT", bases_kept)
+    monkeypatch.setattr(store_module, "_REQUEST_CHAIN_MAX", 4)
+    path = tmp_path / "store.sqlite"
+    with Store(path) as store:
+        store.create_session(make_session("s1"))
+        store.create_session(make_session("s2"))
+        one, two = _turns("s1", 12, filler="x" * 5000), _turns("s2", 3)
+        store.add_calls(one[:3])  # bases within one transaction
+        for new in one[3:]:
+            store.add_calls([new])  # ... and committed before
+        store.add_calls(two)
+        sent = {c.call.id: json.loads(c.request_json or b"") for c in one + two}
+        bases = {cid: _stored_request(store, cid)[0] for cid in sent}
+        # Each body against the one before; after 4 in a row, one whole, so a read follows
+        # at most 4.
+        assert [bases[c.call.id] for c in one] == [
+            None, "s1-0", "s1-1", "s1-2", "s1-3", None, "s1-5", "s1-6", "s1-7", "s1-8", None,
+            "s1-10"]
+        assert [bases[c.call.id] for c in two] == [None, "s2-0", "s2-1"]
+        # A delta row holds what its call added: a few hundred bytes, whatever the body's size.
+        _, delta = _stored_request(store, "s1-9")
+        assert isinstance(delta, bytes) and len(delta) < 600 < len(one[9].request_json or b"")
+        assert store.get_call("s1-9").request == sent["s1-9"]  # type: ignore[union-attr]
+        assert {c.id: c.request for c in store.list_calls("s1")} == {
+            k: v for k, v in sent.items() if k.startswith("s1")}
+        assert {c.id: c.request for c in store.iter_calls()} == sent
+        assert [c.request for c in store.iter_calls(session_id="s2")] == [
+            sent["s2-0"], sent["s2-1"], sent["s2-2"]]
+    with Store(path) as reopened:  # nothing held in memory: every chain read from the file
+        for cid, value in sent.items():
+            got = reopened.get_call(cid)
+            assert got is not None and got.request == value, cid
+
+
+def test_a_request_is_stored_whole_where_its_base_is_not_held_or_shares_too_little(
+        store: Store) -> None:
+    store.create_session(make_session("s1"))
+    calls = _turns("s1", 4)
+    store.add_calls(calls[:2])
+    assert _stored_request(store, "s1-1")[0] == "s1-0"
+    # A base this store did not write (another process, or before a restart): whole.
+    store._request_texts.clear()
+    store.add_calls([calls[2]])
+    assert _stored_request(store, "s1-2")[0] is None
+    # A body that shares less than half with its base's: whole.
+    other = {"model": "policy", "messages": [{"role": "user", "content": "z" * 3000}]}
+    changed = calls[3]._replace(call=calls[3].call.model_copy(update={"request": other}),
+                                request_json=json.dumps(other).encode())
+    store.add_calls([changed])
+    assert _stored_request(store, "s1-3")[0] is None
+    assert [c.request for c in store.list_calls("s1")] == [
+        *(c.call.request for c in calls[:3]), other]
+    # A body small enough to be stored as plain text still is.
+    store.create_session(make_session("s2"))
+    small = _turns("s2", 2, filler="")
+    assert len(small[1].request_json or b"") <= COMPRESS_OVER
+    store.add_calls(small)
+    assert _stored_request(store, "s2-1") == (None, (small[1].request_json or b"").decode())
+
+
+def test_a_request_whose_prompt_base_is_refused_and_non_utf8_bodies_are_stored_whole(
+        store: Store) -> None:
+    store.create_session(make_session("s1"))
+    first, second, third = _turns("s1", 3)
+    # Sent as UTF-16: stored as the value encoded again; a later body may be stored against
+    # that text, and reads back all the same.
+    first = first._replace(request_json=json.dumps(first.call.request).encode("utf-16"))
+    refused = second._replace(prompt_base="nope")
+    store.add_calls([first, refused, third])
+    assert [_stored_request(store, c)[0] for c in ("s1-0", "s1-1", "s1-2")] == [
+        None, None, "s1-1"]
+    assert [c.request for c in store.list_calls("s1")] == [
+        c.call.request for c in (first, second, third)]
+
+
+def test_calls_not_committed_are_never_request_bases(store: Store) -> None:
+    store.create_session(make_session("s1"))
+    store.add_call(make_call("dup", index=9))
+    a, b = _turns("s1", 2)
+    with pytest.raises(DuplicateCallError):
+        store.add_calls([a, NewCall(make_call("dup", index=5))])
+    assert "s1-0" not in store._request_texts and store.get_call("s1-0") is None
+    store.add_calls([b])  # its base was never written: stored whole, prompt and request
+    assert _stored_request(store, "s1-1")[0] is None and _stored_prompt(store, "s1-1")[0] is None
+    got = store.get_call("s1-1")
+    assert got is not None and got.request == b.call.request
+
+
+def test_a_request_whose_base_is_gone_or_damaged_is_a_clear_error(store: Store) -> None:
+    store.create_session(make_session("s1"))
+    store.add_calls(_turns("s1", 3))
+    conn = store._conn()
+    conn.execute("UPDATE calls SET request = ? WHERE id = 's1-2'",
+                 (zstandard.ZstdCompressor().compress(b"\xff" * 12),))
+    with pytest.raises(StoreError, match="call 's1-2': its request cannot be rebuilt .*damaged"):
+        store.get_call("s1-2")
+    conn.execute("DELETE FROM calls WHERE id = 's1-0'")
+    with pytest.raises(StoreError, match="call 's1-1': its request is stored against call "
+                                         "'s1-0', which this store does not hold"):
+        store.get_call("s1-1")
+
+
+def test_a_schema_4_store_gains_request_bases_and_reads_its_whole_requests(
+        tmp_path: Path) -> None:
+    path = _old_store(tmp_path / "old.sqlite", 4, "request_base")
+    with Store(path) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        first = store.get_call("c1")
+        assert first is not None and first.request == make_call("c1").request
+        calls = _turns("s1", 2)
+        store.add_calls(calls)
+        assert _stored_request(store, "s1-1")[0] == "s1-0"
+        assert [c.request for c in store.list_calls("s1")][1:] == [c.call.request for c in calls]
 
 
 def test_newer_schema_is_a_clear_error(tmp_path: Path) -> None:

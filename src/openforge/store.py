@@ -25,8 +25,13 @@ Storage choices:
   `prompt_base` names that earlier call and its `prompt_ids` blob holds only the ids after
   it, so a session's prompts take space, and the gateway's write time, in proportion to
   what each call adds rather than to the whole context (schema 4). `Store` rebuilds the
-  whole prompt on every read (`_PromptChains`); a base that is not an `ok` call of the same
+  whole prompt on every read (`_Chains`); a base that is not an `ok` call of the same
   session is never referenced (the call is stored whole instead).
+- A call's request body is likewise the body of the call its prompt extends with a few
+  messages added, and is stored as a delta against it (`request_base`, `text_delta`: the
+  lengths of the two ends they share, and the bytes between; schema 5) while the store
+  holds that body's text in memory (the latest `_REQUEST_TEXTS_BYTES` of them), and whole
+  every `_REQUEST_CHAIN_MAX` calls of a chain, so a read never follows more.
 - Session tokens and scoring credentials are stored as their SHA-256 only (`token_hash`,
   `scoring_hash`); the gateway looks sessions up by hash. A store that an agent manages to
   read (sandbox none) leaks no credential. Schema 1 stores (tokens in clear) are migrated in
@@ -55,10 +60,11 @@ from typing import Any, NamedTuple
 
 import zstandard
 
+from openforge import text_delta
 from openforge.errors import OpenforgeError
 from openforge.types import Call, RolloutResult, SamplingParams, Session
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 COMPRESS_OVER = 4096  # bytes of JSON text above which request/response are zstd-compressed
 # zstd level 1: the gateway compresses every (growing) request body it records, and zstd
 # does it several times faster than zlib's fastest level, into fewer bytes.
@@ -68,7 +74,11 @@ BUSY_TIMEOUT_MS = 30_000
 CHECKPOINT_INTERVAL_S = 1.0  # between background WAL checkpoints (checkpoint_in_background)
 _ITER_BATCH = 256  # rows fetched at a time by iter_calls
 _OK_CALLS_KEPT = 4096  # ok calls a store remembers having committed (prompt bases)
-_BASES_KEPT = 16  # whole prompt + completion ids a reader keeps as bases (_PromptChains)
+_BASES_KEPT = 16  # whole prompt + completion ids (and request texts) a reader keeps (_Chains)
+# Request texts of its latest ok calls a store keeps as bases for the next calls' deltas.
+_REQUEST_TEXTS_BYTES = 32 << 20
+# A request stored against at most this many earlier ones in a row; the next is whole.
+_REQUEST_CHAIN_MAX = 32
 
 _SWAP = sys.byteorder != "little"  # blobs are little-endian whatever the host is
 
@@ -157,7 +167,8 @@ CREATE TABLE IF NOT EXISTS calls (
     started_at REAL NOT NULL DEFAULT 0,
     finished_at REAL NOT NULL DEFAULT 0,
     http_status INTEGER,
-    prompt_base TEXT
+    prompt_base TEXT,
+    request_base TEXT
 );
 CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, idx);
 CREATE TABLE IF NOT EXISTS images (
@@ -177,9 +188,10 @@ CREATE TABLE IF NOT EXISTS results (
 _CALL_COLUMNS = (
     "id, session_id, idx, branch, branch_reason, dialect, request, response, prompt_ids, "
     "completion_ids, logprobs, finish_reason, sampling, weight_version, exact_tokens, status, "
-    "error, body_digest, retry_count, images, started_at, finished_at, http_status, prompt_base"
+    "error, body_digest, retry_count, images, started_at, finished_at, http_status, prompt_base, "
+    "request_base"
 )
-_INSERT_CALL = f"INSERT INTO calls ({_CALL_COLUMNS}) VALUES ({', '.join('?' * 24)})"
+_INSERT_CALL = f"INSERT INTO calls ({_CALL_COLUMNS}) VALUES ({', '.join('?' * 25)})"
 # A call and the calls its prompt is stored against, in no set order. UNION, not UNION ALL:
 # a cycle (which only a damaged file could hold) ends when its rows repeat.
 _CHAIN = """
@@ -190,6 +202,14 @@ WITH RECURSIVE chain(id, base, prompt, completion) AS (
     FROM calls AS c JOIN chain ON c.id = chain.base
 )
 SELECT id, base, prompt, completion FROM chain"""
+# The same for the requests a call's request is stored against.
+_REQUEST_CHAIN = """
+WITH RECURSIVE chain(id, base, request) AS (
+    SELECT id, request_base, request FROM calls WHERE id = ?
+    UNION
+    SELECT c.id, c.request_base, c.request FROM calls AS c JOIN chain ON c.id = chain.base
+)
+SELECT id, base, request FROM chain"""
 _SESSION_COLUMNS = (
     "id, token_hash, run_id, rollout_id, task_id, model, sampling, weight_version, status, "
     "reward, created_at, closed_at, metadata, scoring_hash"
@@ -270,32 +290,32 @@ def _decompress(blob: bytes) -> bytes:
     return _zstd.decompressor.decompress(blob)  # type: ignore[no-any-return]
 
 
-def _pack_json(value: Any) -> str | bytes | None:
-    if value is None:
-        return None
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    if len(text) > COMPRESS_OVER:
-        return _compress(text.encode("utf-8"))
-    return text
+def _json_text(raw: bytes | None, value: Any) -> bytes | None:
+    """The JSON text a column keeps of `value` (None for None): `raw`, JSON text that decodes
+    to `value` (a body as it went over the wire), when given and plain UTF-8, so it need not
+    be encoded again; else `value` encoded.
 
-
-def _pack_json_text(raw: bytes, value: Any) -> str | bytes | None:
-    """`raw`, JSON text that decodes to `value` (a body as it went over the wire), packed
-    as `_pack_json(value)` would pack it, without encoding `value` again.
-
-    Falls back to encoding `value` when `raw` is not plain UTF-8 JSON text (another
-    encoding, a byte-order mark), which `_unpack_json` could not read back.
+    `raw` in another encoding, or with a byte-order mark, is encoded again: `_unpack_json`
+    could not read it back.
     """
     # json.loads took `raw` as bytes and guessed its encoding; only UTF-8 reads back here.
-    if json.detect_encoding(raw) != "utf-8":
-        return _pack_json(value)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return _pack_json(value)
-    if len(raw) > COMPRESS_OVER:
-        return _compress(raw)
-    return text
+    if raw is not None and json.detect_encoding(raw) == "utf-8":
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+        else:
+            return raw
+    if value is None:
+        return None
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _pack_text(text: bytes | None) -> str | bytes | None:
+    """JSON text as a column holds it: TEXT, or a zstd BLOB above `COMPRESS_OVER` bytes."""
+    if text is None:
+        return None
+    return _compress(text) if len(text) > COMPRESS_OVER else text.decode("utf-8")
 
 
 def _unpack_json(value: str | bytes | None) -> Any:
@@ -306,74 +326,138 @@ def _unpack_json(value: str | bytes | None) -> Any:
     return json.loads(value)
 
 
-class _PromptChains:
-    """Whole prompts from delta-stored rows (`NewCall.prompt_base`), for one reader.
+def _unpack_text(value: str | bytes) -> bytes:
+    """The JSON text of a column as `_pack_text` was given it."""
+    return _decompress(value) if isinstance(value, bytes) else value.encode("utf-8")
 
-    Keeps the prompt + completion ids of the latest `ok` calls read (`_BASES_KEPT`, of one
-    session), as bases for the calls after them: reading a session in order decodes every
-    id once, in memory bounded whatever the session's length. A base the reader does not
-    hold (a single call read, a filtered listing, a branch left long ago) is read with
-    its own chain of bases in one query.
+
+class _Chains:
+    """Whole prompts and request bodies from delta-stored rows (`NewCall.prompt_base`,
+    `request_base`), for one reader.
+
+    Keeps the prompt + completion ids and the request text of the latest `ok` calls read
+    (`_BASES_KEPT`, of one session), as bases for the calls after them: reading a session
+    in order decodes everything once, in memory bounded whatever the session's length. A
+    base the reader does not hold (a single call read, a filtered listing, a branch left
+    long ago) is read with its own chain of bases in one query.
     """
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         self.session = ""
         self.sequences: dict[str, array] = {}  # call id -> its prompt + completion ids
+        self.texts: dict[str, bytes] = {}  # call id -> its request's JSON text
+
+    def _enter(self, session_id: str) -> None:
+        if session_id != self.session:
+            self.session, self.sequences, self.texts = session_id, {}, {}
 
     def prompt(self, call_id: str, session_id: str, base: str | None, blob: bytes,
                completion: array, status: str) -> list[int]:
-        if session_id != self.session:
-            self.session, self.sequences = session_id, {}
+        self._enter(session_id)
         ids = blob_to_array(blob)
         if base is not None:
             ids = self._sequence(base, call_id) + ids
         if status == "ok":  # only ok calls are ever bases
-            self._keep(call_id, ids + completion)
+            _keep(self.sequences, call_id, ids + completion)
         return ids.tolist()
 
-    def _keep(self, call_id: str, sequence: array) -> None:
-        sequences = self.sequences
-        sequences.pop(call_id, None)
-        sequences[call_id] = sequence  # the latest last (dicts keep insertion order)
-        if len(sequences) > _BASES_KEPT:
-            del sequences[next(iter(sequences))]
+    def request(self, call_id: str, session_id: str, base: str | None,
+                value: str | bytes | None, status: str) -> Any:
+        self._enter(session_id)
+        if value is None:
+            return None
+        if base is None:
+            if status != "ok":
+                return _unpack_json(value)
+            text = _unpack_text(value)
+        else:
+            text = self._patched(self._text(base, call_id), value, call_id)
+        if status == "ok":
+            _keep(self.texts, call_id, text)
+        return json.loads(text)
 
     def _sequence(self, base: str, of: str) -> array:
         known = self.sequences.get(base)
         if known is not None:
-            self._keep(base, known)
+            _keep(self.sequences, base, known)
             return known
-        rows = {row[0]: row for row in self.conn.execute(_CHAIN, (base,))}
-        chain: list[tuple[Any, ...]] = []  # base, its base, ...
-        at: str | None = base
-        while at is not None:
-            row = rows.get(at)
-            if row is None or len(chain) > len(rows):
-                problem = "which this store does not hold" if row is None else "in a cycle"
-                raise StoreError(f"call {of!r}: its prompt is stored against call {at!r}, "
-                                 f"{problem} (the store file was edited or damaged)")
-            chain.append(row)
-            at = row[1]
         ids = array("i")
-        for _, _, prompt, completion in reversed(chain):  # the chain's first call first
+        for _, _, prompt, completion in _chain(self.conn, _CHAIN, base, of, "prompt"):
             ids.extend(blob_to_array(prompt))
             ids.extend(blob_to_array(completion))
-        self._keep(base, ids)
+        _keep(self.sequences, base, ids)
         return ids
 
+    def _text(self, base: str, of: str) -> bytes:
+        known = self.texts.get(base)
+        if known is not None:
+            _keep(self.texts, base, known)
+            return known
+        text = b""
+        for call_id, stored_against, value in _chain(self.conn, _REQUEST_CHAIN, base, of,
+                                                     "request"):
+            if stored_against is not None:
+                text = self._patched(text, value, call_id)
+            elif value is not None:
+                text = _unpack_text(value)
+            else:
+                raise StoreError(f"call {of!r}: its request is stored against call "
+                                 f"{call_id!r}, which has none (the store file was edited "
+                                 "or damaged)")
+        _keep(self.texts, base, text)
+        return text
 
-def _row_to_call(row: sqlite3.Row | tuple[Any, ...], chains: _PromptChains) -> Call:
+    @staticmethod
+    def _patched(base_text: bytes, value: str | bytes | None, call_id: str) -> bytes:
+        try:
+            if not isinstance(value, bytes):
+                raise ValueError("the delta is not a blob")
+            return text_delta.apply(base_text, _decompress(value))
+        except (ValueError, zstandard.ZstdError) as exc:
+            raise StoreError(f"call {call_id!r}: its request cannot be rebuilt from the call "
+                             f"it is stored against ({exc}; the store file was edited or "
+                             "damaged)") from None
+
+
+def _keep(kept: dict[str, Any], call_id: str, value: Any) -> None:
+    kept.pop(call_id, None)
+    kept[call_id] = value  # the latest last (dicts keep insertion order)
+    if len(kept) > _BASES_KEPT:
+        del kept[next(iter(kept))]
+
+
+def _chain(conn: sqlite3.Connection, query: str, base: str, of: str,
+           what: str) -> list[tuple[Any, ...]]:
+    """The rows of `base` and the calls it is stored against (`query`), the chain's first
+    call first; StoreError if the chain is broken or circular."""
+    rows = {row[0]: row for row in conn.execute(query, (base,))}
+    chain: list[tuple[Any, ...]] = []  # base, its base, ...
+    at: str | None = base
+    while at is not None:
+        row = rows.get(at)
+        if row is None or len(chain) > len(rows):
+            problem = "which this store does not hold" if row is None else "in a cycle"
+            raise StoreError(f"call {of!r}: its {what} is stored against call {at!r}, "
+                             f"{problem} (the store file was edited or damaged)")
+        chain.append(row)
+        at = row[1]
+    return chain[::-1]
+
+
+def _row_to_call(row: sqlite3.Row | tuple[Any, ...], chains: _Chains) -> Call:
     (cid, session_id, idx, branch, branch_reason, dialect, request, response, prompt_ids,
      completion_ids, logprobs, finish_reason, sampling, weight_version, exact_tokens, status,
      error, body_digest, retry_count, images, started_at, finished_at, http_status,
-     prompt_base) = row
+     prompt_base, request_base) = row
     completion = blob_to_array(completion_ids)
     # model_construct: the row was validated when it was written; re-validating every token
     # list on read would dominate export time.
     return Call.model_construct(
         id=cid, session_id=session_id, index=idx, branch=branch, branch_reason=branch_reason,
-        dialect=dialect, request=_unpack_json(request) or {}, response=_unpack_json(response),
+        dialect=dialect,
+        request=chains.request(cid, session_id, request_base, request, status) or {},
+        response=_unpack_json(response),
         prompt_ids=chains.prompt(cid, session_id, prompt_base, prompt_ids, completion, status),
         completion_ids=completion.tolist(),
         logprobs=blob_to_floats(logprobs), finish_reason=finish_reason,
@@ -441,6 +525,10 @@ class Store:
         # The latest ok calls this store committed (id -> session), the bases of the next
         # prompts: rows are never changed or deleted, so these need no query to check.
         self._ok_calls: dict[str, str] = {}
+        # The request texts of the latest ok calls it committed (id -> text, and how many
+        # deltas in a row the text's row is the end of), the bases of the next requests.
+        self._request_texts: dict[str, tuple[bytes, int]] = {}
+        self._request_text_bytes = 0
         # Set by checkpoint_in_background: the thread's stop event and the thread.
         self._checkpointer: tuple[threading.Event, threading.Thread] | None = None
         self._init_schema()
@@ -520,6 +608,8 @@ class Store:
                 self._migrate_to_3(conn)
             if version is not None and version < 4:
                 self._migrate_to_4(conn)
+            if version is not None and version < 5:
+                self._migrate_to_5(conn)
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
@@ -560,6 +650,14 @@ class Store:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(calls)")}
         if columns and "prompt_base" not in columns:
             conn.execute("ALTER TABLE calls ADD COLUMN prompt_base TEXT")
+
+    @staticmethod
+    def _migrate_to_5(conn: sqlite3.Connection) -> None:
+        """Schema 5 may store a call's request against an earlier call's (`request_base`);
+        the calls recorded before hold their whole request (NULL)."""
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(calls)")}
+        if columns and "request_base" not in columns:
+            conn.execute("ALTER TABLE calls ADD COLUMN request_base TEXT")
 
     @property
     def schema_version(self) -> int:
@@ -713,22 +811,19 @@ class Store:
     # -- calls -------------------------------------------------------------------------
 
     @staticmethod
-    def _call_params(call: Call, request_json: bytes | None = None,
+    def _call_params(call: Call, request: str | bytes | None = None,
                      response_json: bytes | None = None,
                      prompt_blob: bytes | None = None,
-                     prompt_base: str | None = None) -> tuple[Any, ...]:
-        request = (_pack_json(call.request) if request_json is None
-                   else _pack_json_text(request_json, call.request))
-        response = (_pack_json(call.response) if response_json is None
-                    else _pack_json_text(response_json, call.response))
+                     prompt_base: str | None = None,
+                     request_base: str | None = None) -> tuple[Any, ...]:
         return (
             call.id, call.session_id, call.index, call.branch, call.branch_reason, call.dialect,
-            request, response,
+            request, _pack_text(_json_text(response_json, call.response)),
             ids_to_blob(call.prompt_ids) if prompt_blob is None else prompt_blob,
             ids_to_blob(call.completion_ids), floats_to_blob(call.logprobs), call.finish_reason,
             json.dumps(call.sampling), call.weight_version, int(call.exact_tokens), call.status,
             call.error, call.body_digest, call.retry_count, json.dumps(call.images),
-            call.started_at, call.finished_at, call.http_status, prompt_base,
+            call.started_at, call.finished_at, call.http_status, prompt_base, request_base,
         )
 
     def add_call(self, call: Call, assign_index: bool = False, *,
@@ -752,7 +847,8 @@ class Store:
             row = conn.execute("SELECT COALESCE(MAX(idx) + 1, 0) FROM calls WHERE session_id = ?",
                                (call.session_id,)).fetchone()
             call = call.model_copy(update={"index": int(row[0])})
-            conn.execute(_INSERT_CALL, self._call_params(call, request_json, response_json,
+            request = _pack_text(_json_text(request_json, call.request))
+            conn.execute(_INSERT_CALL, self._call_params(call, request, response_json,
                                                          prompt_blob))
         self._stored_images.update(new_images)
         return call
@@ -766,10 +862,16 @@ class Store:
         worker processes each commit also makes the others re-read the pages it changed.
         """
         rows = []
+        texts: dict[str, tuple[bytes, int]] = {}  # the request texts of ok calls in `calls`
         for c, base in zip(calls, self._prompt_bases(calls), strict=True):
             # A base refused: the prompt is stored whole, from the call's own ids.
             blob = c.prompt_blob if base == c.prompt_base else None
-            rows.append(self._call_params(c.call, c.request_json, c.response_json, blob, base))
+            text = _json_text(c.request_json, c.call.request)
+            request, request_base, depth = self._pack_request(text, base, texts)
+            if text is not None and c.call.status == "ok":
+                texts[c.call.id] = (text, depth)
+            rows.append(self._call_params(c.call, request, c.response_json, blob, base,
+                                          request_base))
         new_images = self._new_images(calls)
         if len(rows) == 1 and not new_images:
             # One statement is its own transaction (autocommit): as durable, and two
@@ -787,6 +889,41 @@ class Store:
         ok.update((c.call.id, c.call.session_id) for c in calls if c.call.status == "ok")
         if len(ok) > 2 * _OK_CALLS_KEPT:  # keep the latest (dicts keep insertion order)
             self._ok_calls = dict(list(ok.items())[-_OK_CALLS_KEPT:])
+        self._keep_request_texts(texts)
+
+    def _pack_request(self, text: bytes | None, base: str | None,
+                      batch: Mapping[str, tuple[bytes, int]]
+                      ) -> tuple[str | bytes | None, str | None, int]:
+        """A request's column value, the call it is stored against (None: whole), and how
+        many deltas in a row that makes.
+
+        Against `base` (an accepted prompt base: an ok call of the same session, committed or
+        earlier in `batch`) when `text` is large enough to be compressed, this store holds
+        the base's request text, the chain is shorter than `_REQUEST_CHAIN_MAX` and the two
+        share at least half of `text`. A request small enough to be stored as plain text
+        still is: readable as it is, and a delta would cost more CPU than it saves.
+        """
+        if text is None:
+            return None, None, 0
+        if base is not None and len(text) > COMPRESS_OVER:
+            known = batch.get(base) or self._request_texts.get(base)
+            if known is not None and known[1] < _REQUEST_CHAIN_MAX:
+                delta = text_delta.delta(known[0], text)
+                if len(delta) <= len(text) // 2:
+                    return _compress(delta), base, known[1] + 1
+        return _pack_text(text), None, 0
+
+    def _keep_request_texts(self, texts: Mapping[str, tuple[bytes, int]]) -> None:
+        """Remember committed request texts as bases: the latest `_OK_CALLS_KEPT`, at most
+        `_REQUEST_TEXTS_BYTES` of text."""
+        kept = self._request_texts
+        for call_id, entry in texts.items():
+            kept[call_id] = entry
+            self._request_text_bytes += len(entry[0])
+        while kept and (self._request_text_bytes > _REQUEST_TEXTS_BYTES
+                        or len(kept) > _OK_CALLS_KEPT):
+            oldest = next(iter(kept))
+            self._request_text_bytes -= len(kept.pop(oldest)[0])
 
     def _prompt_bases(self, calls: Sequence[NewCall]) -> list[str | None]:
         """Each call's `prompt_base` where it names an `ok` call of the call's own session,
@@ -843,7 +980,7 @@ class Store:
     def get_call(self, call_id: str) -> Call | None:
         row = self._conn().execute(
             f"SELECT {_CALL_COLUMNS} FROM calls WHERE id = ?", (call_id,)).fetchone()
-        return _row_to_call(row, _PromptChains(self._conn())) if row else None
+        return _row_to_call(row, _Chains(self._conn())) if row else None
 
     def first_call(self, session_id: str, status: str | None = "ok") -> Call | None:
         """The session's lowest-index call (with this status; any status when None)."""
@@ -852,14 +989,14 @@ class Store:
         row = self._conn().execute(
             f"SELECT {_CALL_COLUMNS} FROM calls WHERE session_id = ?{where} "
             "ORDER BY idx, started_at, id LIMIT 1", params).fetchone()
-        return _row_to_call(row, _PromptChains(self._conn())) if row else None
+        return _row_to_call(row, _Chains(self._conn())) if row else None
 
     def list_calls(self, session_id: str) -> list[Call]:
         """A session's calls ordered by index."""
         rows = self._conn().execute(
             f"SELECT {_CALL_COLUMNS} FROM calls WHERE session_id = ? ORDER BY idx, started_at, id",
             (session_id,)).fetchall()
-        chains = _PromptChains(self._conn())
+        chains = _Chains(self._conn())
         return [_row_to_call(r, chains) for r in rows]
 
     @staticmethod
@@ -893,7 +1030,7 @@ class Store:
             cur = conn.execute(
                 f"SELECT {_CALL_COLUMNS} FROM calls{where} ORDER BY session_id, idx, started_at, id",
                 params)
-            chains = _PromptChains(conn)
+            chains = _Chains(conn)
             while True:
                 rows = cur.fetchmany(_ITER_BATCH)
                 if not rows:
