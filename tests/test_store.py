@@ -484,6 +484,9 @@ def test_requests_stored_against_earlier_calls_read_back_whole_from_every_reader
             store.add_calls([new])  # ... and committed before
         store.add_calls(two)
         sent = {c.call.id: json.loads(c.request_json or b"") for c in one + two}
+        # The store holds one text per branch it extends: the latest call's.
+        assert list(store._request_texts) == ["s1-11", "s2-2"]
+        assert store._request_text_bytes == sum(len(t) for t, _ in store._request_texts.values())
         bases = {cid: _stored_request(store, cid)[0] for cid in sent}
         # Each body against the one before; after 4 in a row, one whole, so a read follows
         # at most 4.

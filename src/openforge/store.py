@@ -863,7 +863,8 @@ class Store:
         """
         rows = []
         texts: dict[str, tuple[bytes, int]] = {}  # the request texts of ok calls in `calls`
-        for c, base in zip(calls, self._prompt_bases(calls), strict=True):
+        bases = self._prompt_bases(calls)
+        for c, base in zip(calls, bases, strict=True):
             # A base refused: the prompt is stored whole, from the call's own ids.
             blob = c.prompt_blob if base == c.prompt_base else None
             text = _json_text(c.request_json, c.call.request)
@@ -889,7 +890,7 @@ class Store:
         ok.update((c.call.id, c.call.session_id) for c in calls if c.call.status == "ok")
         if len(ok) > 2 * _OK_CALLS_KEPT:  # keep the latest (dicts keep insertion order)
             self._ok_calls = dict(list(ok.items())[-_OK_CALLS_KEPT:])
-        self._keep_request_texts(texts)
+        self._keep_request_texts(texts, superseded=[b for b in bases if b is not None])
 
     def _pack_request(self, text: bytes | None, base: str | None,
                       batch: Mapping[str, tuple[bytes, int]]
@@ -913,13 +914,20 @@ class Store:
                     return _compress(delta), base, known[1] + 1
         return _pack_text(text), None, 0
 
-    def _keep_request_texts(self, texts: Mapping[str, tuple[bytes, int]]) -> None:
+    def _keep_request_texts(self, texts: Mapping[str, tuple[bytes, int]],
+                            superseded: Sequence[str]) -> None:
         """Remember committed request texts as bases: the latest `_OK_CALLS_KEPT`, at most
-        `_REQUEST_TEXTS_BYTES` of text."""
+        `_REQUEST_TEXTS_BYTES` of text. The texts of the calls that others were just stored
+        against are dropped: their branch has moved on to those calls, so the store holds
+        about one text per branch being extended (a call that forks from an older one is
+        stored whole)."""
         kept = self._request_texts
         for call_id, entry in texts.items():
             kept[call_id] = entry
             self._request_text_bytes += len(entry[0])
+        for call_id in superseded:
+            if call_id in kept:
+                self._request_text_bytes -= len(kept.pop(call_id)[0])
         while kept and (self._request_text_bytes > _REQUEST_TEXTS_BYTES
                         or len(kept) > _OK_CALLS_KEPT):
             oldest = next(iter(kept))
