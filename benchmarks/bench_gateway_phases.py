@@ -183,14 +183,11 @@ def stored_calls(store: Store, sent: dict[str, Sequence[int]],
     """What the store holds of the prompts the engine was sent and of the request bodies
     (it stops if a prompt or a body reads back other than sent): its bytes of each against
     those of the whole prompts and bodies."""
-    for session_id, sent_bodies in bodies.items():
-        calls = store.list_calls(session_id)
-        if [c.request for c in calls] != [json.loads(b) for b in sent_bodies]:
-            sys.exit(f"session {session_id}: the store reads back other requests than sent: "
-                     "a bug")
-    for call in store.iter_calls(run_id="bench"):
+    for call in store.iter_calls(run_id="bench"):  # a session's calls in order: its bodies'
         if call.prompt_ids != list(sent[call.id]):  # the gateway sends an int32 array
             sys.exit(f"call {call.id}: the store reads back another prompt than sent: a bug")
+        if call.request != json.loads(bodies[call.session_id][call.index]):
+            sys.exit(f"call {call.id}: the store reads back another request than sent: a bug")
     with sqlite3.connect(store.path) as db:
         # An openforge before store schema 5 (an A/B base) has no request_base column.
         columns = {row[1] for row in db.execute("PRAGMA table_info(calls)")}

@@ -192,24 +192,25 @@ _CALL_COLUMNS = (
     "request_base"
 )
 _INSERT_CALL = f"INSERT INTO calls ({_CALL_COLUMNS}) VALUES ({', '.join('?' * 25)})"
-# A call and the calls its prompt is stored against, in no set order. UNION, not UNION ALL:
-# a cycle (which only a damaged file could hold) ends when its rows repeat.
-_CHAIN = """
-WITH RECURSIVE chain(id, base, prompt, completion) AS (
-    SELECT id, prompt_base, prompt_ids, completion_ids FROM calls WHERE id = ?
+
+
+def _chain_query(base_column: str, *columns: str) -> str:
+    """A call and the calls it is stored against by `base_column` (`prompt_base`,
+    `request_base`), in no set order: rows of (id, base, *columns). UNION, not UNION ALL: a
+    cycle (which only a damaged file could hold) ends when its rows repeat."""
+    return f"""
+WITH RECURSIVE chain(id, base, {', '.join(columns)}) AS (
+    SELECT id, {base_column}, {', '.join(columns)} FROM calls WHERE id = ?
     UNION
-    SELECT c.id, c.prompt_base, c.prompt_ids, c.completion_ids
+    SELECT c.id, c.{base_column}, {', '.join(f'c.{c}' for c in columns)}
     FROM calls AS c JOIN chain ON c.id = chain.base
 )
-SELECT id, base, prompt, completion FROM chain"""
-# The same for the requests a call's request is stored against.
-_REQUEST_CHAIN = """
-WITH RECURSIVE chain(id, base, request) AS (
-    SELECT id, request_base, request FROM calls WHERE id = ?
-    UNION
-    SELECT c.id, c.request_base, c.request FROM calls AS c JOIN chain ON c.id = chain.base
-)
-SELECT id, base, request FROM chain"""
+SELECT * FROM chain"""
+
+
+_CHAIN = _chain_query("prompt_base", "prompt_ids", "completion_ids")
+_REQUEST_CHAIN = _chain_query("request_base", "request")
+
 _SESSION_COLUMNS = (
     "id, token_hash, run_id, rollout_id, task_id, model, sampling, weight_version, status, "
     "reward, created_at, closed_at, metadata, scoring_hash"
@@ -319,11 +320,7 @@ def _pack_text(text: bytes | None) -> str | bytes | None:
 
 
 def _unpack_json(value: str | bytes | None) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        value = _decompress(value).decode("utf-8")
-    return json.loads(value)
+    return None if value is None else json.loads(_unpack_text(value))
 
 
 def _unpack_text(value: str | bytes) -> bytes:
@@ -368,8 +365,6 @@ class _Chains:
         if value is None:
             return None
         if base is None:
-            if status != "ok":
-                return _unpack_json(value)
             text = _unpack_text(value)
         else:
             text = self._patched(self._text(base, call_id), value, call_id)
